@@ -1,0 +1,145 @@
+"""Load an HF safetensors checkpoint into a graphrunner model, strictly.
+
+The model is built by its ModelState on the meta device (no double initialisation), materialised
+on the target device, then filled: HF names map 1:1 onto parameters except fused ones (the model's
+`packed_modules`), whose shards are copied into their slices. Missing or unexpected weights raise.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from safetensors import safe_open
+from torch import nn
+
+from graphrunner.config import ModelConfig
+
+if TYPE_CHECKING:
+    from model_states.base import ModelState
+
+_INDEX_FILE = "model.safetensors.index.json"
+_SINGLE_FILE = "model.safetensors"
+_MAX_NAMES = 20  # names listed in an error message before "... and N more"
+
+
+def _name_list(names: Iterable[str]) -> str:
+    names = sorted(names)
+    shown = ", ".join(names[:_MAX_NAMES])
+    return shown + (f", ... and {len(names) - _MAX_NAMES} more" if len(names) > _MAX_NAMES else "")
+
+
+def checkpoint_files(model_dir: Path) -> list[Path]:
+    """The safetensors files of a model directory: from the shard index, else model.safetensors,
+    else every *.safetensors; ValueError naming the directory when there are none."""
+    model_dir = Path(model_dir)
+    index = model_dir / _INDEX_FILE
+    if index.is_file():
+        weight_map: dict[str, str] = json.loads(index.read_text()).get("weight_map", {})
+        files = [model_dir / name for name in sorted(set(weight_map.values()))]
+        missing = [str(f) for f in files if not f.is_file()]
+        if missing:
+            raise ValueError(f"{index} lists shard files that do not exist: {_name_list(missing)}")
+        if files:
+            return files
+    single = model_dir / _SINGLE_FILE
+    if single.is_file():
+        return [single]
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"no safetensors weights (model.safetensors or sharded *.safetensors) in {str(model_dir)!r}")
+    return files
+
+
+def iter_checkpoint(files: Iterable[Path]) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, CPU tensor) for every tensor of the given safetensors files, one at a time."""
+    for path in files:
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            for key in f.keys():  # noqa: SIM118 - safe_open is not iterable
+                yield key, f.get_tensor(key)
+
+
+def _is_ignored(key: str, tied: bool) -> bool:
+    if key.endswith("rotary_emb.inv_freq"):
+        return True
+    return tied and key == "lm_head.weight"
+
+
+@torch.no_grad()
+def load_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+    """Copy HF-named tensors into `model` (casting dtype, moving device); strict about names and shapes."""
+    params = dict(model.named_parameters())
+    packed: dict[str, tuple[str, ...]] = dict(getattr(model, "packed_modules", {}))
+    shard_of = {shard: (fused, i) for fused, shards in packed.items() for i, shard in enumerate(shards)}
+    config = getattr(model, "config", None)
+    tied = bool(getattr(config, "tie_word_embeddings", False))
+    loaded: dict[str, set[int]] = {}  # param name -> loaded shard indices (-1 = the whole parameter)
+    unexpected: list[str] = []
+    for key, tensor in weights:
+        if _is_ignored(key, tied):
+            continue
+        parts = key.split(".")
+        target, shard = key, -1
+        if len(parts) >= 2 and parts[-2] in shard_of:
+            fused, index = shard_of[parts[-2]]
+            candidate = ".".join([*parts[:-2], fused, parts[-1]])
+            if candidate in params:
+                target, shard = candidate, index
+        param = params.get(target)
+        if param is None:
+            unexpected.append(key)
+            continue
+        dst = param.data
+        if shard >= 0:
+            owner = model.get_submodule(target.rsplit(".", 1)[0])
+            shard_slice = getattr(owner, "shard_slice", None)
+            if shard_slice is None:
+                raise ValueError(f"fused parameter {target} (for {key}) has no shard_slice(); cannot place the shard")
+            dst = dst[shard_slice(shard)]
+        if tuple(dst.shape) != tuple(tensor.shape):
+            raise ValueError(f"checkpoint tensor {key} has shape {tuple(tensor.shape)}, "
+                             f"expected {tuple(dst.shape)} for {target}")
+        done = loaded.setdefault(target, set())
+        if shard in done:
+            raise ValueError(f"checkpoint tensor {key} appears more than once")
+        dst.copy_(tensor)
+        done.add(shard)
+    if unexpected:
+        raise ValueError(f"unexpected checkpoint weights (no matching parameter): {_name_list(unexpected)}")
+    missing: list[str] = []
+    for name in params:
+        done = loaded.get(name, set())
+        parts = name.split(".")
+        if len(parts) >= 2 and parts[-2] in packed:
+            shards = packed[parts[-2]]
+            missing += [".".join([*parts[:-2], shards[i], parts[-1]]) for i in range(len(shards)) if i not in done]
+        elif -1 not in done:
+            missing.append(name)
+    if missing:
+        raise ValueError(f"checkpoint is missing weights: {_name_list(missing)}")
+
+
+def _read_hf_config(model_dir: Path) -> dict[str, Any]:
+    path = model_dir / "config.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def load_model(model_dir: Path, config: ModelConfig, dtype: torch.dtype, device: torch.device | str,
+               state: ModelState | None = None) -> nn.Module:
+    """Build the model for `config.architecture` and load its weights; eval mode, no grads.
+
+    `state` (a model_states.ModelState) defaults to the registry's state for the architecture,
+    built with the directory's raw config.json (for fields ModelConfig does not carry).
+    """
+    from model_states.registry import get_model_state  # model_states imports graphrunner: import late
+
+    model_dir = Path(model_dir)
+    if state is None:
+        state = get_model_state(config.architecture)(config, _read_hf_config(model_dir))
+    files = checkpoint_files(model_dir)
+    model = state.build_model(dtype, torch.device(device))
+    load_weights(model, iter_checkpoint(files))
+    return model

@@ -1,0 +1,60 @@
+"""The self-attention block of a decoder layer: fused QKV projection (optional bias), optional
+per-head q/k RMSNorm (Qwen3), rotary embedding, paged attention and the output projection.
+
+Parameter names follow HF (`qkv_proj` fuses `q_proj`/`k_proj`/`v_proj`; `q_norm`, `k_norm`, `o_proj`).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from graphrunner.attention import Attention
+from graphrunner.models.linear import MergedLinear
+from graphrunner.models.norm import RMSNorm
+from graphrunner.models.rotary import apply_rotary
+
+
+class SelfAttention(nn.Module):
+    """q/k/v from one matmul; rope is applied with cos/sin computed once per forward by the model."""
+
+    def __init__(
+        self,
+        hidden_size: int,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        layer_idx: int,
+        scale: float,
+        *,
+        qkv_bias: bool = False,
+        o_bias: bool = False,
+        qk_norm: bool = False,
+        norm_eps: float = 1e-6,
+        sliding_window: int | None = None,
+    ) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.q_size = num_heads * head_dim
+        self.kv_size = num_kv_heads * head_dim
+        self.qkv_proj = MergedLinear(hidden_size, (self.q_size, self.kv_size, self.kv_size), bias=qkv_bias)
+        self.o_proj = nn.Linear(self.q_size, hidden_size, bias=o_bias)
+        self.q_norm: RMSNorm | None = RMSNorm(head_dim, norm_eps) if qk_norm else None
+        self.k_norm: RMSNorm | None = RMSNorm(head_dim, norm_eps) if qk_norm else None
+        self.attn = Attention(num_heads, num_kv_heads, head_dim, scale, layer_idx, sliding_window=sliding_window)
+
+    def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """hidden [T, hidden], cos/sin [T, 1, D/2] -> [T, hidden]."""
+        t = hidden.shape[0]
+        q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.reshape(t, self.num_heads, self.head_dim)  # [T, Hq, D]
+        k = k.reshape(t, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
+        if self.q_norm is not None and self.k_norm is not None:
+            q = self.q_norm(q)
+            k = self.k_norm(k)
+        q = apply_rotary(q, cos, sin).reshape(t, self.q_size)  # [T, Hq*D]
+        k = apply_rotary(k, cos, sin).reshape(t, self.kv_size)  # [T, Hkv*D]
+        out = self.attn(q, k, v.contiguous())  # [T, Hq*D]
+        return self.o_proj(out)
