@@ -1,0 +1,76 @@
+"""Resolving user-facing engine arguments (LLM(...) / CLI flags) into a frozen EngineConfig.
+
+Defaults follow vLLM: the model directory's config.json decides max_model_len, "auto" dtype is
+bf16 on GPU and fp32 on CPU; the demo model shipped with the package is used when no model is given.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from graphrunner.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, resolve_dtype
+
+DEMO_MODEL_DIR = Path(__file__).resolve().parent / "demo_model"
+
+
+def default_model_dir() -> Path:
+    if not (DEMO_MODEL_DIR / "config.json").is_file():
+        raise ValueError(f"no model given and the demo model is missing at {DEMO_MODEL_DIR}; pass model=DIR")
+    return DEMO_MODEL_DIR
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    if device is None or device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} requested but CUDA is not available")
+    if dev.type not in ("cuda", "cpu"):
+        raise ValueError(f"unsupported device {device!r}; use 'cuda' or 'cpu'")
+    return dev
+
+
+def build_engine_config(
+    model: str | Path | None = None,
+    tokenizer: str | Path | None = None,
+    dtype: str | torch.dtype = "auto",
+    seed: int = 0,
+    max_model_len: int | None = None,
+    max_num_seqs: int = 256,
+    max_num_batched_tokens: int | None = None,
+    block_size: int = 16,
+    gpu_memory_utilization: float = 0.9,
+    num_gpu_blocks_override: int | None = None,
+    enforce_eager: bool = False,
+    enable_prefix_caching: bool = False,
+    device: str | torch.device | None = None,
+    use_triton: bool | None = None,
+) -> EngineConfig:
+    model_dir = Path(model) if model is not None else default_model_dir()
+    if not model_dir.is_dir():
+        raise ValueError(f"model path {str(model_dir)!r} is not a directory (graphrunner loads local HF-format "
+                         f"directories only; nothing is downloaded)")
+    model_cfg = ModelConfig.from_dir(model_dir)
+    dev = resolve_device(device)
+    if max_model_len is None:
+        max_model_len = model_cfg.max_position_embeddings
+    elif max_model_len < 1 or max_model_len > model_cfg.max_position_embeddings:
+        raise ValueError(f"max_model_len={max_model_len} must be in [1, {model_cfg.max_position_embeddings}] "
+                         f"(the model's max_position_embeddings)")
+    if max_num_batched_tokens is None:
+        max_num_batched_tokens = 8192
+    return EngineConfig(
+        model_dir=model_dir,
+        tokenizer_dir=Path(tokenizer) if tokenizer is not None else model_dir,
+        model=model_cfg,
+        cache=CacheConfig(block_size, num_gpu_blocks_override, gpu_memory_utilization),
+        scheduler=SchedulerConfig(max_num_seqs, max_num_batched_tokens, max_model_len),
+        device=dev,
+        dtype=resolve_dtype(dtype, dev),
+        seed=seed,
+        enforce_eager=enforce_eager,
+        enable_prefix_caching=enable_prefix_caching,
+        use_triton=(dev.type == "cuda") if use_triton is None else use_triton,
+    )

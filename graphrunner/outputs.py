@@ -1,0 +1,33 @@
+"""User-facing results: RequestOutput and CompletionOutput, with vLLM's field names."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class CompletionOutput:
+    """One generated sequence of a request (a request with n > 1 has n of them)."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    cumulative_logprob: float | None = None
+    logprobs: list[dict[int, object]] | None = None
+    finish_reason: str | None = None  # "stop" | "length" | "error" | None while running
+    stop_reason: int | str | None = None  # the stop token id or stop string that ended it
+
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class RequestOutput:
+    """The state of one request: its prompt and its n completions."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput] = field(default_factory=list)
+    finished: bool = False
+    prompt_logprobs: list[dict[int, object] | None] | None = None

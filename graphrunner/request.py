@@ -1,0 +1,60 @@
+"""The engine's internal Request: one sequence being generated, as the scheduler tracks it.
+
+A user request with n > 1 becomes n Requests (one per completion) that share a parent id.
+Token values arrive one step late (async outputs): `num_inflight` counts tokens sampled on the
+device whose values the host has not seen yet.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from graphrunner.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Request:
+    request_id: str
+    parent_id: str
+    index: int                      # completion index within the parent (0..n-1)
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    seed: int                       # resolved RNG seed (drawn at admission when params.seed is None)
+    max_tokens: int                 # resolved from params.max_tokens / max_model_len
+    eos_token_ids: tuple[int, ...] = ()
+    output_token_ids: list[int] = field(default_factory=list)
+    status: RequestStatus = RequestStatus.WAITING
+    num_computed_tokens: int = 0    # host view: tokens whose KV is (or will be, once launched) cached
+    num_inflight: int = 0           # sampled on the device, value not yet seen by the host
+    row: int = -1                   # state-table row while it holds one
+    block_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_known_tokens(self) -> int:
+        """Prompt + outputs, counting tokens still in flight (their values live on the device)."""
+        return self.prompt_len + len(self.output_token_ids) + self.num_inflight
+
+    @property
+    def num_generated(self) -> int:
+        return len(self.output_token_ids) + self.num_inflight
+
+    @property
+    def finished(self) -> bool:
+        return self.status is RequestStatus.FINISHED
+
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids

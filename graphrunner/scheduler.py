@@ -1,0 +1,206 @@
+"""Continuous-batching scheduler: token budget, chunked prefill, preemption by recompute.
+
+It decides from counts alone (never from token values), so step N+1 can be scheduled while
+step N still runs on the device. Token values arrive in `update()` one step late; a token
+sampled for a request that finished in the meantime is dropped there.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from graphrunner.config import SchedulerConfig
+from graphrunner.kv_cache import BlockPool, blocks_needed
+from graphrunner.request import Request, RequestStatus
+
+
+@dataclass
+class ScheduledRequest:
+    request: Request
+    row: int                 # state-table row (fixed for the step even if the request later moves)
+    num_tokens: int          # tokens scheduled this step
+    is_new: bool             # row must be (re)initialised: first admission or resumption after preemption
+    new_block_ids: list[int]  # blocks appended to the request this step
+    first_new_block: int     # index in the request's block list where new_block_ids start
+    seq_len: int             # context length after this step (cached + scheduled tokens)
+    samples: bool            # this step reaches the end of known tokens, so its sampled token is real
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledRequest] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_tokens for s in self.scheduled)
+
+    def __bool__(self) -> bool:
+        return bool(self.scheduled)
+
+
+class RowFreeList:
+    """Rows of the persistent state table; a request keeps its row for as long as it runs."""
+
+    def __init__(self, num_rows: int) -> None:
+        self._free = list(range(num_rows - 1, -1, -1))
+
+    def take(self) -> int:
+        return self._free.pop()
+
+    def give_back(self, row: int) -> None:
+        self._free.append(row)
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, pool: BlockPool, block_size: int) -> None:
+        self.config = config
+        self.pool = pool
+        self.block_size = block_size
+        self.rows = RowFreeList(config.max_num_seqs)
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.num_preemptions = 0  # lifetime count, for tests and metrics
+
+    # -- admission -------------------------------------------------------------------------
+    def add_request(self, req: Request) -> None:
+        need = blocks_needed(req.prompt_len + req.max_tokens, self.block_size)
+        if need > self.pool.num_usable:
+            raise ValueError(
+                f"request {req.request_id} needs {need} KV blocks (prompt {req.prompt_len} + max_tokens "
+                f"{req.max_tokens}) but the cache only has {self.pool.num_usable}; lower max_tokens or raise "
+                f"num_gpu_blocks_override / gpu_memory_utilization"
+            )
+        self.waiting.append(req)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # -- one step ------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.config.max_num_batched_tokens
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            num_new = self._num_new_tokens(req, budget)
+            if num_new == 0:
+                i += 1
+                continue
+            new_blocks = self._grow(req, num_new, out)
+            if new_blocks is None:  # req itself was preempted to make room
+                continue
+            out.scheduled.append(self._commit(req, num_new, new_blocks, is_new=False))
+            budget -= num_new
+            i += 1
+        if not out.preempted:
+            self._admit_waiting(out, budget)
+        return out
+
+    def _num_new_tokens(self, req: Request, budget: int) -> int:
+        if req.num_generated >= req.max_tokens:
+            return 0  # its last token is in flight; update() will finish it
+        return min(req.num_known_tokens - req.num_computed_tokens, budget)
+
+    def _grow(self, req: Request, num_new: int, out: SchedulerOutput) -> list[int] | None:
+        """Allocate blocks for num_new more tokens, preempting the newest running requests if needed."""
+        need = blocks_needed(req.num_computed_tokens + num_new, self.block_size) - len(req.block_ids)
+        while True:
+            got = self.pool.allocate(max(need, 0))
+            if got is not None:
+                return got
+            victim = self.running[-1]
+            self._preempt(victim, out)
+            if victim is req:
+                return None
+
+    def _admit_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            req = self.waiting[0]
+            if req.num_inflight:  # preempted with a token still in flight: wait for its value
+                break
+            num_new = min(req.num_known_tokens - req.num_computed_tokens, budget)
+            got = self.pool.allocate(blocks_needed(num_new, self.block_size))
+            if got is None:
+                break
+            self.waiting.popleft()
+            req.row = self.rows.take()
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
+            out.scheduled.append(self._commit(req, num_new, got, is_new=True))
+            budget -= num_new
+
+    def _commit(self, req: Request, num_new: int, new_blocks: list[int], is_new: bool) -> ScheduledRequest:
+        first = len(req.block_ids)
+        req.block_ids.extend(new_blocks)
+        req.num_computed_tokens += num_new
+        samples = req.num_computed_tokens == req.num_known_tokens
+        if samples:
+            req.num_inflight += 1
+        return ScheduledRequest(req, req.row, num_new, is_new, new_blocks, first, req.num_computed_tokens, samples)
+
+    def _preempt(self, req: Request, out: SchedulerOutput) -> None:
+        self.running.remove(req)
+        self._release(req)
+        req.status = RequestStatus.PREEMPTED
+        req.num_computed_tokens = 0
+        self.waiting.appendleft(req)
+        self.num_preemptions += 1
+        out.preempted.append(req)
+
+    def _release(self, req: Request) -> None:
+        self.pool.free(req.block_ids)
+        req.block_ids = []
+        if req.row >= 0:
+            self.rows.give_back(req.row)
+            req.row = -1
+
+    # -- results -------------------------------------------------------------------------
+    def update(self, out: SchedulerOutput, sampled: list[int]) -> list[Request]:
+        """Apply step `out`'s sampled tokens (one per scheduled request); returns requests that got one."""
+        changed: list[Request] = []
+        for sched, token in zip(out.scheduled, sampled):
+            if not sched.samples:
+                continue
+            req = sched.request
+            req.num_inflight -= 1
+            if req.finished:
+                continue  # finished while this step was in flight: the token is dropped
+            req.output_token_ids.append(token)
+            self._check_stop(req, token)
+            changed.append(req)
+        return changed
+
+    def _check_stop(self, req: Request, token: int) -> None:
+        params = req.params
+        if len(req.output_token_ids) >= params.min_tokens:
+            if token in params.stop_token_ids:
+                self.finish(req, "stop", token)
+                return
+            if not params.ignore_eos and token in req.eos_token_ids:
+                self.finish(req, "stop", None)
+                return
+        if len(req.output_token_ids) >= req.max_tokens:
+            self.finish(req, "length", None)
+
+    def finish(self, req: Request, reason: str, stop_reason: int | str | None = None) -> None:
+        """End a request (also used for stop strings and aborts); its blocks and row are freed at once.
+
+        Freeing while a step that still uses them is in flight is safe: later steps are ordered
+        after it on the same stream, so a new owner's writes land after the old owner's.
+        """
+        if req.finished:
+            return
+        if req.status is RequestStatus.RUNNING:
+            self.running.remove(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+        self._release(req)
+        req.status = RequestStatus.FINISHED
+        req.finish_reason = reason
+        req.stop_reason = stop_reason

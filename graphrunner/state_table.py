@@ -1,0 +1,107 @@
+"""The persistent per-request state table on the device, and its staged host writes.
+
+Each live request owns one row for its whole life. The host never writes rows directly: it
+stages (row, column, values) diffs, and `apply_staged()` ships them in one pinned H2D copy and
+applies them with the ragged-write kernel, in stream order with the steps around them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from graphrunner.state_kernels import apply_ragged_writes
+
+
+def to_device(data: list[int] | list[float], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """One host list -> device tensor without a synchronising copy (pinned + non_blocking on CUDA)."""
+    host = torch.tensor(data, dtype=dtype)
+    if device.type == "cuda":
+        return host.pin_memory().to(device, non_blocking=True)
+    return host
+
+
+@dataclass
+class _RaggedStage:
+    """Pending writes dst[row, start:start+len(values)] = values for one 2-D int32 table."""
+
+    rows: list[int] = field(default_factory=list)
+    starts: list[int] = field(default_factory=list)
+    cu_lens: list[int] = field(default_factory=lambda: [0])
+    values: list[int] = field(default_factory=list)
+
+    def add(self, row: int, start: int, values: list[int]) -> None:
+        if values:
+            self.rows.append(row)
+            self.starts.append(start)
+            self.values.extend(values)
+            self.cu_lens.append(len(self.values))
+
+    def pack(self) -> list[int]:
+        return self.rows + self.starts + self.cu_lens + self.values
+
+
+class StateTable:
+    """Device tensors indexed by row; see docs/CONTRACTS.md for the meaning of each."""
+
+    def __init__(self, max_reqs: int, max_model_len: int, max_blocks_per_req: int, device: torch.device,
+                 use_triton: bool) -> None:
+        self.device = device
+        self.use_triton = use_triton
+        i32 = dict(dtype=torch.int32, device=device)
+        self.token_ids = torch.zeros(max_reqs, max_model_len, **i32)       # [R, L] int32
+        self.num_tokens = torch.zeros(max_reqs, **i32)                     # [R] int32
+        self.num_computed = torch.zeros(max_reqs, **i32)                   # [R] int32
+        self.block_table = torch.zeros(max_reqs, max_blocks_per_req, **i32)  # [R, M] int32
+        self.temperature = torch.zeros(max_reqs, dtype=torch.float32, device=device)  # [R] float32
+        self.seeds = torch.zeros(max_reqs, dtype=torch.int64, device=device)          # [R] int64
+        self._tokens = _RaggedStage()
+        self._blocks = _RaggedStage()
+        self._rows: list[int] = []
+        self._num_tokens: list[int] = []
+        self._num_computed: list[int] = []
+        self._temperature: list[float] = []
+        self._seeds: list[int] = []
+
+    def stage_new_row(self, row: int, token_ids: list[int], num_computed: int, temperature: float,
+                      seed: int) -> None:
+        """(Re)initialise a row: its known tokens, computed count and sampling parameters."""
+        self._tokens.add(row, 0, token_ids)
+        self._rows.append(row)
+        self._num_tokens.append(len(token_ids))
+        self._num_computed.append(num_computed)
+        self._temperature.append(temperature)
+        self._seeds.append(seed)
+
+    def stage_blocks(self, row: int, first_col: int, block_ids: list[int]) -> None:
+        self._blocks.add(row, first_col, block_ids)
+
+    def apply_staged(self) -> None:
+        """Apply every staged diff on the device, in stream order; clears the stage."""
+        n_tok, n_blk, n_new = len(self._tokens.rows), len(self._blocks.rows), len(self._rows)
+        if n_tok + n_blk + n_new == 0:
+            return
+        packed = self._tokens.pack() + self._blocks.pack() + self._rows + self._num_tokens + self._num_computed
+        dev = to_device(packed, torch.int32, self.device)  # one H2D copy for all int32 diffs
+        off = 0
+
+        def take(n: int) -> torch.Tensor:
+            nonlocal off
+            off += n
+            return dev[off - n:off]
+
+        for stage, dst in ((self._tokens, self.token_ids), (self._blocks, self.block_table)):
+            n = len(stage.rows)
+            rows, starts, cu = take(n), take(n), take(n + 1)
+            values = take(len(stage.values))
+            if n:
+                apply_ragged_writes(dst, rows, starts, cu, values, self.use_triton)
+        if n_new:
+            rows = take(n_new).long()
+            self.num_tokens.index_copy_(0, rows, take(n_new))
+            self.num_computed.index_copy_(0, rows, take(n_new))
+            self.temperature.index_copy_(0, rows, to_device(self._temperature, torch.float32, self.device))
+            self.seeds.index_copy_(0, rows, to_device(self._seeds, torch.int64, self.device))
+        self._tokens, self._blocks = _RaggedStage(), _RaggedStage()
+        self._rows, self._num_tokens, self._num_computed, self._temperature, self._seeds = [], [], [], [], []
