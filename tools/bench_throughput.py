@@ -1,0 +1,139 @@
+"""Throughput benchmark T1 of BENCHMARKS.md: output tokens/s over a whole offline run of many requests.
+
+256 requests, prompt lengths uniform in [100, 1024] (random.seed(0)), ids uniform in [0, 10000), exactly 512
+output tokens each at temperature 0.6, ignoring EOS. Peer: HF continuous batching (`model.generate_batch`) on the
+first --peer-requests requests. Example: python tools/bench_throughput.py --model /tmp/qwen3-0.6b-random
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+import torch
+from bench_common import (
+    Report,
+    Row,
+    add_common_args,
+    build_ours,
+    check_lengths,
+    load_hf_model,
+    ours_generate,
+    random_prompts,
+    release,
+    reset_compiled_state,
+    resolve_device,
+    timed,
+)
+
+HF_CB, OURS = "hf-generate_batch", "ours"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_common_args(p, default_json="bench_throughput.json")
+    p.add_argument("--num-requests", type=int, default=256)
+    p.add_argument("--output-len", type=int, default=512)
+    p.add_argument("--min-prompt", type=int, default=100)
+    p.add_argument("--max-prompt", type=int, default=1024)
+    p.add_argument("--temperature", type=float, default=0.6)
+    p.add_argument("--peer-requests", type=int, default=64,
+                   help="the HF peer runs on the first K requests only (it takes minutes for all); default %(default)s")
+    p.add_argument("--max-num-seqs", type=int, default=256, help="ours")
+    p.add_argument("--warmup-requests", type=int, default=4, help="ours: size of the warm-up generate (16 tokens each)")
+    return p.parse_args(argv)
+
+
+def hf_generate_batch(model: Any, prompts: list[list[int]], output_len: int, temperature: float) -> dict[str, Any]:
+    """One `generate_batch` call; returns token lists and timings (wall, and first request added -> last done)."""
+    from transformers import GenerationConfig
+
+    config = GenerationConfig(max_new_tokens=output_len, do_sample=temperature > 0, temperature=temperature,
+                              top_k=0, top_p=1.0, eos_token_id=-1, pad_token_id=0)  # eos -1: never stops early
+    t0 = time.perf_counter()
+    results = model.generate_batch(inputs=prompts, generation_config=config, progress_bar=False)
+    wall = time.perf_counter() - t0
+    outs = list(results.values())
+    errors = [o.error for o in outs if getattr(o, "error", None)]
+    if errors or len(outs) != len(prompts):
+        raise RuntimeError(f"generate_batch: {len(outs)} results for {len(prompts)} requests; errors: {errors[:3]}")
+    tokens = [list(o.generated_tokens) for o in outs]
+    check_lengths(tokens, output_len, HF_CB)
+    # Excludes the manager's own warm-up (CUDA-graph capture) that precedes add_requests, when timestamps exist.
+    starts = [getattr(o, "created_time", None) for o in outs]
+    ends = [getattr(o, "lifespan", (-1, -1))[1] for o in outs]
+    serve = max(ends) - min(starts) if None not in starts and min(ends) > 0 else None
+    return {"tokens": tokens, "wall_s": wall, "serve_s": serve}
+
+
+def run_peer(args: argparse.Namespace, prompts: list[list[int]], device: torch.device, report: Report,
+             results: dict[str, Any]) -> None:
+    subset = prompts[: args.peer_requests]
+
+    def body() -> None:
+        model = load_hf_model(args.model, device, args.dtype)
+        r = hf_generate_batch(model, subset, args.output_len, args.temperature)
+        n_out = len(subset) * args.output_len
+        seconds = r["serve_s"] or r["wall_s"]
+        results[HF_CB] = {"requests": len(subset), "output_tokens": n_out, "wall_s": r["wall_s"],
+                          "serve_s": r["serve_s"], "tok_s": n_out / seconds, "tok_s_incl_warmup": n_out / r["wall_s"]}
+        print(f"  {HF_CB}: {len(subset)} requests, {n_out / seconds:.1f} output tok/s "
+              f"({n_out / r['wall_s']:.1f} incl. its warm-up; wall {r['wall_s']:.1f} s)", flush=True)
+        del model, r
+
+    report.section(HF_CB, body)
+    release()
+
+
+def run_ours(args: argparse.Namespace, prompts: list[list[int]], device: torch.device, report: Report,
+             results: dict[str, Any]) -> None:
+    def body() -> None:
+        llm = build_ours(args.model, device, max_model_len=args.max_prompt + args.output_len,
+                         max_num_seqs=args.max_num_seqs, enforce_eager=args.enforce_eager,
+                         gpu_memory_utilization=args.gpu_memory_utilization)
+        warm = prompts[: args.warmup_requests]
+        warm_s = timed(lambda: ours_generate(llm, warm, 16, args.temperature), device)
+        seconds = timed(lambda: ours_generate(llm, prompts, args.output_len, args.temperature), device)
+        n_out = len(prompts) * args.output_len
+        results[OURS] = {"requests": len(prompts), "output_tokens": n_out, "wall_s": seconds, "warmup_s": warm_s,
+                         "tok_s": n_out / seconds, "prompt_tokens": sum(map(len, prompts))}
+        print(f"  {OURS}: {len(prompts)} requests, {n_out / seconds:.1f} output tok/s (wall {seconds:.2f} s, "
+              f"warm-up {warm_s:.2f} s)", flush=True)
+
+    report.section(OURS, body)
+    reset_compiled_state()
+
+
+def fill_rows(args: argparse.Namespace, report: Report, results: dict[str, Any]) -> None:
+    ours, peer = results.get(OURS), results.get(HF_CB)
+    note = ""
+    if peer is not None:
+        note = f"peer: first {peer['requests']} of {args.num_requests} requests"
+        if peer["serve_s"] is None:
+            note += ", incl. its warm-up"
+    report.add(Row("T1", "output throughput", "tok/s", True, ours and ours["tok_s"], HF_CB if peer else "",
+                   peer and peer["tok_s"], note))
+
+
+def main(argv: list[str] | None = None) -> Report:
+    args = parse_args(argv)
+    device = resolve_device(args.device)
+    prompts = random_prompts(args.num_requests, args.min_prompt, args.max_prompt, seed=0)
+    report = Report("bench_throughput", vars(args))
+    results: dict[str, Any] = {}
+    print(f"device {device}; T1: {len(prompts)} requests, prompts {args.min_prompt}-{args.max_prompt} tokens "
+          f"({sum(map(len, prompts))} in all), {args.output_len} output tokens each, T={args.temperature}")
+    if not args.no_peer:
+        run_peer(args, prompts, device, report, results)
+    if not args.no_ours:
+        run_ours(args, prompts, device, report, results)
+    report.extra["results"] = results
+    fill_rows(args, report, results)
+    report.print_table()
+    report.write_json(args.json)
+    return report
+
+
+if __name__ == "__main__":
+    main()
