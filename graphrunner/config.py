@@ -33,7 +33,7 @@ def resolve_dtype(name: str | torch.dtype, device: torch.device) -> torch.dtype:
             raise ValueError(f"unsupported dtype {name}; use one of {sorted(set(_DTYPES))}")
         return name
     if not isinstance(name, str):
-        raise ValueError(f"dtype must be a string or torch.dtype, got {type(name).__name__}")
+        raise TypeError(f"dtype must be a string or torch.dtype, got {type(name).__name__}")
     key = name.lower().removeprefix("torch.")
     if key == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32

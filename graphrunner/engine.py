@@ -69,7 +69,7 @@ class Engine:
         """Validate and queue one request; raises ValueError (nothing queued) on bad input."""
         params = params if params is not None else SamplingParams()
         if not isinstance(params, SamplingParams):
-            raise ValueError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
+            raise TypeError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
         text, ids = self._prompt_ids(prompt)
         max_tokens = self._validate(ids, params)
         if request_id is None:

@@ -49,7 +49,7 @@ class StateTable:
                  use_triton: bool) -> None:
         self.device = device
         self.use_triton = use_triton
-        i32 = dict(dtype=torch.int32, device=device)
+        i32: dict = {"dtype": torch.int32, "device": device}
         self.token_ids = torch.zeros(max_reqs, max_model_len, **i32)       # [R, L] int32
         self.num_tokens = torch.zeros(max_reqs, **i32)                     # [R] int32
         self.num_computed = torch.zeros(max_reqs, **i32)                   # [R] int32

@@ -5,13 +5,9 @@ from __future__ import annotations
 import os
 
 import pytest
+import torch
 
-try:
-    import torch
-
-    _HAS_CUDA = torch.cuda.is_available()
-except Exception:  # pragma: no cover - torch is a hard dependency, this only guards odd installs
-    _HAS_CUDA = False
+_HAS_CUDA = torch.cuda.is_available()
 
 # Must happen before any module decorates a Triton kernel: without a GPU, kernels run on CPU tensors.
 if not _HAS_CUDA:
