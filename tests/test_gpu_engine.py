@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import functools
 import random
 from pathlib import Path
 
@@ -51,10 +52,22 @@ def qwen3_06b_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@functools.cache
+def _our_model(model_dir: Path) -> torch.nn.Module:
+    return load_model(model_dir, ModelConfig.from_dir(model_dir), torch.bfloat16, torch.device("cuda"))
+
+
+@functools.cache
+def _hf_model(model_dir: Path) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).cuda().eval()
+
+
 def _our_logits(model_dir: Path, ids: list[int]) -> torch.Tensor:
     """Our model's next-token logits after `ids` (one prefill through the real loader) [V] float32."""
     cfg = ModelConfig.from_dir(model_dir)
-    model = load_model(model_dir, cfg, torch.bfloat16, torch.device("cuda"))
+    model = _our_model(model_dir)
     meta, kv = contiguous_batch([len(ids)], [len(ids)], cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, 16,
                                 torch.bfloat16, "cuda")
     with torch.inference_mode(), forward_context(meta, kv):
@@ -63,23 +76,19 @@ def _our_logits(model_dir: Path, ids: list[int]) -> torch.Tensor:
 
 
 def _hf_logits(model_dir: Path, ids: list[int]) -> torch.Tensor:
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).cuda().eval()
+    model = _hf_model(model_dir)
     with torch.no_grad():
         return model(torch.tensor([ids], device="cuda")).logits[0, -1].float()
 
 
 def test_qwen3_06b_bf16_matches_hf(qwen3_06b_dir: Path) -> None:
-    from transformers import AutoModelForCausalLM
-
     prompts = _prompts()
     llm = LLM(model=qwen3_06b_dir, max_model_len=1024, gpu_memory_utilization=0.5)
     ours = [o.outputs[0].token_ids for o in
             llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True))]
     del llm
     torch.cuda.empty_cache()
-    hf = AutoModelForCausalLM.from_pretrained(qwen3_06b_dir, dtype=torch.bfloat16).cuda().eval()
+    hf = _hf_model(qwen3_06b_dir)
     exact = 0
     for prompt, mine in zip(prompts, ours):
         with torch.no_grad():
