@@ -14,7 +14,7 @@ from graphrunner.loader import load_model
 from graphrunner.runner import ModelRunner
 from graphrunner.state_table import StateTable
 
-CPU_KV_CAP_BYTES = 1 << 30
+CPU_KV_CAP_BYTES = 256 << 20  # a laptop-sized default; num_gpu_blocks_override raises it
 
 
 def _profile_peak_bytes(model: torch.nn.Module, config: EngineConfig) -> int:
