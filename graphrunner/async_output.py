@@ -1,6 +1,7 @@
-"""Asynchronous step outputs: sampled ids travel to the host on a side stream, behind an event.
+"""Asynchronous step outputs: a step's result tensors travel to the host on a side stream, behind
+an event.
 
-`launch()` returns at once; `AsyncStepOutput.result()` waits only for that step's copy, which the
+`launch()` returns at once; `AsyncStepOutput.result()` waits only for that step's copies, which the
 engine calls after it has already launched the next step. On CPU the structure is the same and
 the wait is trivial.
 """
@@ -11,34 +12,38 @@ import torch
 
 
 class AsyncStepOutput:
-    """Host copy of one step's sampled ids, valid once `result()` returns."""
+    """Host copies of one step's result tensors, valid once `result()` returns."""
 
-    def __init__(self, sampled_host: torch.Tensor, event: torch.cuda.Event | None) -> None:
-        self._sampled_host = sampled_host  # [B] int32 (pinned on CUDA)
+    def __init__(self, host: dict[str, torch.Tensor], event: torch.cuda.Event | None,
+                 info: dict[str, object] | None = None) -> None:
+        self._host = host  # pinned on CUDA
         self._event = event
+        self.info = info or {}  # host-side facts about the step the reader needs (no waiting involved)
 
-    def result(self) -> list[int]:
+    def result(self) -> dict[str, torch.Tensor]:
         if self._event is not None:
             self._event.synchronize()
-        return self._sampled_host.tolist()
+        return self._host
 
 
 class OutputCopier:
-    """Issues the D2H copy of each step's sampled ids on a dedicated stream."""
+    """Issues the D2H copies of each step's results on a dedicated stream."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
 
-    def launch(self, sampled: torch.Tensor) -> AsyncStepOutput:
-        """sampled [B] int32 on the device -> an output whose value is read later."""
+    def launch(self, tensors: dict[str, torch.Tensor], info: dict[str, object] | None = None) -> AsyncStepOutput:
+        """Device tensors -> an output whose values are read later (the device buffers stay alive)."""
         if self._stream is None:
-            return AsyncStepOutput(sampled.clone(), None)
-        host = torch.empty(sampled.shape, dtype=sampled.dtype, pin_memory=True)
+            return AsyncStepOutput({k: v.clone() for k, v in tensors.items()}, None, info)
+        host = {k: torch.empty(v.shape, dtype=v.dtype, pin_memory=True) for k, v in tensors.items()}
         self._stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(self._stream):
-            host.copy_(sampled, non_blocking=True)
+            for k, v in tensors.items():
+                host[k].copy_(v, non_blocking=True)
             event = torch.cuda.Event()
             event.record(self._stream)
-        sampled.record_stream(self._stream)  # keep the device buffer alive until the copy has read it
-        return AsyncStepOutput(host, event)
+        for v in tensors.values():
+            v.record_stream(self._stream)  # keep each device buffer alive until the copy has read it
+        return AsyncStepOutput(host, event, info)

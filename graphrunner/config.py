@@ -191,4 +191,9 @@ class EngineConfig:
     enforce_eager: bool = False
     enable_prefix_caching: bool = False
     use_triton: bool = False  # device-side prep/sampling kernels; False = the PyTorch references
+    logprobs_mode: str = "raw_logprobs"  # or "processed_logprobs" (after penalties, temperature, filters)
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.logprobs_mode not in ("raw_logprobs", "processed_logprobs"):
+            raise ValueError(f"logprobs_mode must be 'raw_logprobs' or 'processed_logprobs', got {self.logprobs_mode!r}")

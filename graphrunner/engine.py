@@ -8,15 +8,16 @@ Requests are validated on submission; a bad one raises ValueError and harms no o
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
 from typing import Any
 
 from graphrunner.async_output import AsyncStepOutput
 from graphrunner.config import EngineConfig
 from graphrunner.detokenizer import IncrementalDetokenizer
 from graphrunner.kv_cache import BlockPool
-from graphrunner.outputs import CompletionOutput, RequestOutput
+from graphrunner.output_processor import OutputProcessor, ParentRequest
+from graphrunner.outputs import RequestOutput
 from graphrunner.request import Request
+from graphrunner.sampling.batch import prepare_request_sampling
 from graphrunner.sampling_params import SamplingParams
 from graphrunner.scheduler import Scheduler, SchedulerOutput
 from graphrunner.tokenizer import load_tokenizer
@@ -32,26 +33,6 @@ def derive_seed(seed: int, index: int) -> int:
     return (seed * 0x9E3779B97F4A7C15 + index * 0xBF58476D1CE4E5B9) & _SEED_MASK
 
 
-@dataclass
-class _Parent:
-    """A user request: its prompt and its n child sequences."""
-
-    request_id: str
-    prompt: str | None
-    prompt_token_ids: list[int]
-    children: list[Request]
-    detoks: list[IncrementalDetokenizer | None] = field(default_factory=list)
-
-    def output(self) -> RequestOutput:
-        outs = []
-        for child, detok in zip(self.children, self.detoks):
-            text = detok.output_text if detok is not None else ""
-            outs.append(CompletionOutput(child.index, text, list(child.output_token_ids),
-                                         finish_reason=child.finish_reason, stop_reason=child.stop_reason))
-        done = all(c.finished for c in self.children)
-        return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, outs, done)
-
-
 class Engine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
@@ -59,7 +40,8 @@ class Engine:
         self.runner, num_blocks = build_runner(config)
         self.scheduler = Scheduler(config.scheduler, BlockPool(num_blocks), config.cache.block_size)
         self._rng = random.Random(config.seed)
-        self._parents: dict[str, _Parent] = {}
+        self._parents: dict[str, ParentRequest] = {}
+        self._outputs = OutputProcessor(self.tokenizer)
         self._pending: tuple[SchedulerOutput, AsyncStepOutput] | None = None
         self._counter = 0
 
@@ -71,7 +53,11 @@ class Engine:
         if not isinstance(params, SamplingParams):
             raise TypeError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
         text, ids = self._prompt_ids(prompt)
+        if params.truncate_prompt_tokens is not None:
+            ids = ids[-params.truncate_prompt_tokens:]
         max_tokens = self._validate(ids, params)
+        model = self.config.model
+        sampling = prepare_request_sampling(params, model.vocab_size, model.eos_token_ids, self.tokenizer)
         if request_id is None:
             request_id = str(self._counter)
             self._counter += 1
@@ -80,8 +66,14 @@ class Engine:
         base_seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
         eos = () if params.ignore_eos else self.config.model.eos_token_ids
         children = [Request(f"{request_id}-{i}" if params.n > 1 else request_id, request_id, i, ids, params,
-                            derive_seed(base_seed, i), max_tokens, eos) for i in range(params.n)]
-        parent = _Parent(request_id, text, ids, children, [self._detokenizer(ids, params) for _ in children])
+                            derive_seed(base_seed, i), max_tokens, eos, sampling=sampling)
+                    for i in range(params.n)]
+        parent = ParentRequest(request_id, text, ids, children, [self._detokenizer(ids, params) for _ in children])
+        if params.logprobs is not None:
+            parent.logprobs = [[] for _ in children]
+            parent.cumulative = [0.0 for _ in children]
+        if params.prompt_logprobs is not None:
+            parent.prompt_logprobs = [None] * len(ids)
         for child in children:
             self.scheduler.add_request(child)
         self._parents[request_id] = parent
@@ -117,6 +109,9 @@ class Engine:
         if len(ids) + max_tokens > max_len:
             raise ValueError(f"prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) exceeds "
                              f"max_model_len={max_len}")
+        if params.truncate_prompt_tokens is not None and params.truncate_prompt_tokens > max_len:
+            raise ValueError(f"truncate_prompt_tokens ({params.truncate_prompt_tokens}) exceeds "
+                             f"max_model_len={max_len}")
         unsupported = params.unsupported_features()
         if unsupported:
             raise ValueError(f"sampling settings not supported yet: {', '.join(unsupported)}")
@@ -151,25 +146,7 @@ class Engine:
         if previous is None:
             return []
         prev_sched, prev_out = previous
-        changed = self.scheduler.update(prev_sched, prev_out.result())
-        return self._emit(changed)
-
-    def _emit(self, changed: list[Request]) -> list[RequestOutput]:
-        touched: dict[str, _Parent] = {}
-        for req in changed:
-            parent = self._parents.get(req.parent_id)
-            if parent is None:
-                continue
-            detok = parent.detoks[req.index]
-            if detok is not None:
-                stop = detok.update(req.output_token_ids[-1:])
-                if stop is not None:
-                    self.scheduler.finish(req, "stop", stop)
-            touched[parent.request_id] = parent
-        results = []
-        for rid, parent in touched.items():
-            out = parent.output()
-            if out.finished:
-                del self._parents[rid]
-            results.append(out)
-        return results
+        results = prev_out.result()
+        changed = self.scheduler.update(prev_sched, results["sampled"].tolist(),
+                                        results["nonfinite"].tolist())
+        return self._outputs.process(self._parents, changed, results, prev_out.info, self.scheduler.finish)

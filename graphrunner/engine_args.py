@@ -47,6 +47,7 @@ def build_engine_config(
     enable_prefix_caching: bool = False,
     device: str | torch.device | None = None,
     use_triton: bool | None = None,
+    logprobs_mode: str = "raw_logprobs",
 ) -> EngineConfig:
     model_dir = Path(model) if model is not None else default_model_dir()
     if not model_dir.is_dir():
@@ -73,4 +74,5 @@ def build_engine_config(
         enforce_eager=enforce_eager,
         enable_prefix_caching=enable_prefix_caching,
         use_triton=(dev.type == "cuda") if use_triton is None else use_triton,
+        logprobs_mode=logprobs_mode,
     )

@@ -49,6 +49,7 @@ class LLM:
         compile_cache: str | Path | None = None,
         device: str | torch.device | None = None,
         use_triton: bool | None = None,
+        logprobs_mode: str = "raw_logprobs",
     ) -> None:
         if compile_cache is not None:
             raise ValueError("compile_cache is not supported yet: CUDA-graph capture and precompilation are not built")
@@ -57,7 +58,7 @@ class LLM:
             max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, block_size=block_size,
             gpu_memory_utilization=gpu_memory_utilization, num_gpu_blocks_override=num_gpu_blocks_override,
             enforce_eager=enforce_eager, enable_prefix_caching=enable_prefix_caching, device=device,
-            use_triton=use_triton,
+            use_triton=use_triton, logprobs_mode=logprobs_mode,
         )
         self.engine = Engine(self.config)
 

@@ -6,6 +6,15 @@ from dataclasses import dataclass, field
 
 
 @dataclass
+class Logprob:
+    """One candidate token's log-probability, its rank (1 = most likely) and its text."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+@dataclass
 class CompletionOutput:
     """One generated sequence of a request (a request with n > 1 has n of them)."""
 
@@ -13,7 +22,7 @@ class CompletionOutput:
     text: str
     token_ids: list[int]
     cumulative_logprob: float | None = None
-    logprobs: list[dict[int, object]] | None = None
+    logprobs: list[dict[int, Logprob]] | None = None
     finish_reason: str | None = None  # "stop" | "length" | "error" | None while running
     stop_reason: int | str | None = None  # the stop token id or stop string that ended it
 
@@ -30,4 +39,4 @@ class RequestOutput:
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput] = field(default_factory=list)
     finished: bool = False
-    prompt_logprobs: list[dict[int, object] | None] | None = None
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None

@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from graphrunner.sampling.batch import RequestSampling
 from graphrunner.sampling_params import SamplingParams
 
 
@@ -38,6 +39,7 @@ class Request:
     block_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    sampling: RequestSampling = field(default_factory=RequestSampling)  # token-level sampling data
 
     @property
     def prompt_len(self) -> int:

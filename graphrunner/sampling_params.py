@@ -97,25 +97,14 @@ class SamplingParams:
             raise ValueError(f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}")
         if self.allowed_token_ids is not None and not self.allowed_token_ids:
             raise ValueError("allowed_token_ids must not be empty")
+        if self.truncate_prompt_tokens is not None:
+            _int("truncate_prompt_tokens", self.truncate_prompt_tokens, 1)
+        if self.bad_words is not None and any(not isinstance(w, str) or not w.strip() for w in self.bad_words):
+            raise ValueError(f"bad_words must be non-empty strings, got {self.bad_words!r}")
         if self.logit_bias is not None:
             for value in self.logit_bias.values():
                 _finite("logit_bias value", value)
 
     def unsupported_features(self) -> list[str]:
-        """Settings whose sampling stages are not implemented yet (refused at submission)."""
-        checks = {
-            "top_k": self.top_k not in (0, -1),
-            "top_p": self.top_p != 1.0,
-            "min_p": self.min_p != 0.0,
-            "presence_penalty": self.presence_penalty != 0.0,
-            "frequency_penalty": self.frequency_penalty != 0.0,
-            "repetition_penalty": self.repetition_penalty != 1.0,
-            "logprobs": self.logprobs is not None,
-            "prompt_logprobs": self.prompt_logprobs is not None,
-            "logit_bias": bool(self.logit_bias),
-            "allowed_token_ids": self.allowed_token_ids is not None,
-            "bad_words": bool(self.bad_words),
-            "best_of": self.best_of is not None and self.best_of != self.n,
-            "truncate_prompt_tokens": self.truncate_prompt_tokens is not None,
-        }
-        return [name for name, used in checks.items() if used]
+        """Settings the engine refuses at submission (as vLLM's V1 engine does for best_of)."""
+        return ["best_of"] if self.best_of is not None and self.best_of != self.n else []

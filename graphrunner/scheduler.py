@@ -161,19 +161,27 @@ class Scheduler:
             req.row = -1
 
     # -- results -------------------------------------------------------------------------
-    def update(self, out: SchedulerOutput, sampled: list[int]) -> list[Request]:
-        """Apply step `out`'s sampled tokens (one per scheduled request); returns requests that got one."""
-        changed: list[Request] = []
-        for sched, token in zip(out.scheduled, sampled):
+    def update(self, out: SchedulerOutput, sampled: list[int],
+               nonfinite: list[bool] | None = None) -> list[tuple[int, Request]]:
+        """Apply step `out`'s sampled tokens (one per scheduled request).
+
+        Returns (batch row, request) for each live request that got a token or ended in error; a
+        request whose logits held NaN/inf is finished with reason "error" and its token dropped.
+        """
+        changed: list[tuple[int, Request]] = []
+        for b, (sched, token) in enumerate(zip(out.scheduled, sampled)):
             if not sched.samples:
                 continue
             req = sched.request
             req.num_inflight -= 1
             if req.finished:
                 continue  # finished while this step was in flight: the token is dropped
-            req.output_token_ids.append(token)
-            self._check_stop(req, token)
-            changed.append(req)
+            if nonfinite is not None and nonfinite[b]:
+                self.finish(req, "error")
+            else:
+                req.output_token_ids.append(token)
+                self._check_stop(req, token)
+            changed.append((b, req))
         return changed
 
     def _check_stop(self, req: Request, token: int) -> None:

@@ -11,7 +11,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from graphrunner.sampling_params import SamplingParams
 from graphrunner.state_kernels import apply_ragged_writes
+
+# Per-row float sampling parameters, in the order they are packed for the H2D copy.
+_FLOAT_FIELDS = ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
 
 
 def to_device(data: list[int] | list[float], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -54,24 +58,30 @@ class StateTable:
         self.num_tokens = torch.zeros(max_reqs, **i32)                     # [R] int32
         self.num_computed = torch.zeros(max_reqs, **i32)                   # [R] int32
         self.block_table = torch.zeros(max_reqs, max_blocks_per_req, **i32)  # [R, M] int32
-        self.temperature = torch.zeros(max_reqs, dtype=torch.float32, device=device)  # [R] float32
-        self.seeds = torch.zeros(max_reqs, dtype=torch.int64, device=device)          # [R] int64
+        self.prompt_len = torch.zeros(max_reqs, **i32)                     # [R] int32
+        self.seeds = torch.zeros(max_reqs, dtype=torch.int64, device=device)  # [R] int64
+        self.top_k = torch.zeros(max_reqs, **i32)                          # [R] int32, 0 = off
+        # [R] float32 each: temperature (0 = greedy), top_p, min_p, repetition/presence/frequency penalty
+        self.floats = torch.zeros(len(_FLOAT_FIELDS), max_reqs, dtype=torch.float32, device=device)
+        (self.temperature, self.top_p, self.min_p, self.repetition_penalty, self.presence_penalty,
+         self.frequency_penalty) = self.floats.unbind(0)  # views: writes to `floats` show through
         self._tokens = _RaggedStage()
         self._blocks = _RaggedStage()
         self._rows: list[int] = []
-        self._num_tokens: list[int] = []
-        self._num_computed: list[int] = []
-        self._temperature: list[float] = []
+        self._ints: list[list[int]] = [[], [], [], []]  # num_tokens, num_computed, prompt_len, top_k
+        self._floats: list[list[float]] = [[] for _ in _FLOAT_FIELDS]
         self._seeds: list[int] = []
 
-    def stage_new_row(self, row: int, token_ids: list[int], num_computed: int, temperature: float,
-                      seed: int) -> None:
+    def stage_new_row(self, row: int, token_ids: list[int], prompt_len: int, num_computed: int,
+                      params: SamplingParams, seed: int) -> None:
         """(Re)initialise a row: its known tokens, computed count and sampling parameters."""
         self._tokens.add(row, 0, token_ids)
         self._rows.append(row)
-        self._num_tokens.append(len(token_ids))
-        self._num_computed.append(num_computed)
-        self._temperature.append(temperature)
+        top_k = max(0, params.top_k)
+        for dst, value in zip(self._ints, (len(token_ids), num_computed, prompt_len, top_k)):
+            dst.append(value)
+        for dst, name in zip(self._floats, _FLOAT_FIELDS):
+            dst.append(float(getattr(params, name)))
         self._seeds.append(seed)
 
     def stage_blocks(self, row: int, first_col: int, block_ids: list[int]) -> None:
@@ -82,7 +92,7 @@ class StateTable:
         n_tok, n_blk, n_new = len(self._tokens.rows), len(self._blocks.rows), len(self._rows)
         if n_tok + n_blk + n_new == 0:
             return
-        packed = self._tokens.pack() + self._blocks.pack() + self._rows + self._num_tokens + self._num_computed
+        packed = self._tokens.pack() + self._blocks.pack() + self._rows + [v for col in self._ints for v in col]
         dev = to_device(packed, torch.int32, self.device)  # one H2D copy for all int32 diffs
         off = 0
 
@@ -99,9 +109,12 @@ class StateTable:
                 apply_ragged_writes(dst, rows, starts, cu, values, self.use_triton)
         if n_new:
             rows = take(n_new).long()
-            self.num_tokens.index_copy_(0, rows, take(n_new))
-            self.num_computed.index_copy_(0, rows, take(n_new))
-            self.temperature.index_copy_(0, rows, to_device(self._temperature, torch.float32, self.device))
+            for dst in (self.num_tokens, self.num_computed, self.prompt_len, self.top_k):
+                dst.index_copy_(0, rows, take(n_new))
+            floats = to_device([v for col in self._floats for v in col], torch.float32, self.device)
+            self.floats.index_copy_(1, rows, floats.view(len(_FLOAT_FIELDS), n_new))
             self.seeds.index_copy_(0, rows, to_device(self._seeds, torch.int64, self.device))
         self._tokens, self._blocks = _RaggedStage(), _RaggedStage()
-        self._rows, self._num_tokens, self._num_computed, self._temperature, self._seeds = [], [], [], [], []
+        self._rows, self._seeds = [], []
+        self._ints = [[], [], [], []]
+        self._floats = [[] for _ in _FLOAT_FIELDS]

@@ -70,4 +70,5 @@ def build_runner(config: EngineConfig) -> tuple[ModelRunner, int]:
     sc = config.scheduler
     state = StateTable(sc.max_num_seqs, sc.max_model_len, blocks_needed(sc.max_model_len, config.cache.block_size),
                        config.device, config.use_triton)
-    return ModelRunner(model, kv, state, config.cache.block_size, config.use_triton), num_blocks
+    runner = ModelRunner(model, kv, state, config.cache.block_size, config.use_triton, config.logprobs_mode)
+    return runner, num_blocks

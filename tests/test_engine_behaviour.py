@@ -10,6 +10,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 from tiny_models import make_tiny_model
 
 from graphrunner import LLM, SamplingParams
@@ -42,14 +43,21 @@ def test_stop_token_ends_request_and_later_tokens_are_dropped(llm: LLM) -> None:
     assert out.finish_reason == "stop" and out.stop_reason == stop
 
 
-def test_min_tokens_defers_stop_tokens(llm: LLM) -> None:
+def test_min_tokens_masks_stop_tokens_like_hf(llm: LLM, model_dir: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
     full = _greedy(llm, 40)
     stop = full[1]
-    out = llm.generate([PROMPT], SamplingParams(temperature=0.0, max_tokens=40, min_tokens=6,
+    out = llm.generate([PROMPT], SamplingParams(temperature=0.0, max_tokens=40, min_tokens=6, ignore_eos=True,
                                                 stop_token_ids=[stop]))[0].outputs[0]
-    later = [i for i, t in enumerate(full) if t == stop and i + 1 >= 6]
-    expected_len = later[0] + 1 if later else 40
-    assert out.token_ids == full[:expected_len]
+    assert stop not in out.token_ids[:6]
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    ids = torch.tensor([PROMPT])
+    with torch.no_grad():  # HF's MinNewTokensLengthLogitsProcessor masks eos below min_new_tokens, as we do
+        ref = hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=40,
+                          min_new_tokens=6, eos_token_id=stop, pad_token_id=stop)[0, len(PROMPT):].tolist()
+    assert out.token_ids == ref
+    assert out.finish_reason == ("stop" if ref[-1] == stop else "length")
 
 
 def test_eos_from_config_stops_unless_ignored(model_dir: Path, tmp_path: Path, llm: LLM) -> None:
@@ -139,7 +147,10 @@ def test_abort_mid_run_frees_resources(llm: LLM) -> None:
         ([1, 512], SamplingParams(), r"\[0, 512\)"),
         ([1] * 256, SamplingParams(), "max_model_len"),
         ([1] * 200, SamplingParams(max_tokens=57), "exceeds max_model_len"),
-        ([1, 2], SamplingParams(top_k=5), "not supported yet: top_k"),
+        ([1, 2], SamplingParams(best_of=2), "not supported yet: best_of"),
+        ([1, 2], SamplingParams(logit_bias={600: 1.0}), r"logit_bias contains token ids outside"),
+        ([1, 2], SamplingParams(allowed_token_ids=[3, 512]), r"allowed_token_ids contains token ids outside"),
+        ([1, 2], SamplingParams(stop_token_ids=[9999]), r"stop_token_ids contains token ids outside"),
         ("", SamplingParams(), "empty"),
         (3.5, SamplingParams(), "prompt must be"),
     ],

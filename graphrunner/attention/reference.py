@@ -93,7 +93,10 @@ def paged_attention_ref(
             allowed &= pos[None, :] > (seq[:, None] - 1 - sliding_window)
         scores = scores.masked_fill(~allowed[:, None, None, :], -math.inf)
         probs = torch.softmax(scores, dim=-1)
-        o = torch.einsum("nhgs,nshd->nhgd", probs, v.float()).reshape(num_decode, num_heads, head_dim)
+        # Positions past a request's length hold other requests' (or stale) values: a NaN there would turn
+        # 0 * NaN into NaN, so they are zeroed to keep one bad request from poisoning the others.
+        v = v.float().masked_fill(~allowed[:, :, None, None], 0.0)
+        o = torch.einsum("nhgs,nshd->nhgd", probs, v).reshape(num_decode, num_heads, head_dim)
         out.index_copy_(0, tok, o.to(query.dtype))
 
     starts = plan["starts"]

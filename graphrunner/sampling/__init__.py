@@ -1,6 +1,6 @@
-"""Sampling kernels: Gumbel-max with a stateless counter-based RNG (see gumbel.py).
-
-Re-exports the public entry points so callers write `from graphrunner.sampling import sample`.
+"""Sampling on the device: masks and bias, penalties, temperature, min-p/top-k/top-p, Gumbel-max
+with a stateless counter-based RNG, and logprobs. `run_sampler` (sampler.py) runs the pipeline;
+each stage module holds its Triton kernel next to its PyTorch reference.
 """
 
 from __future__ import annotations
