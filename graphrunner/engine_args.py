@@ -6,6 +6,7 @@ bf16 on GPU and fp32 on CPU; the demo model shipped with the package is used whe
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
@@ -22,8 +23,9 @@ def default_model_dir() -> Path:
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
+    """None/"auto": $GRAPHRUNNER_DEVICE if set, else cuda when available, else cpu."""
     if device is None or device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        device = os.environ.get("GRAPHRUNNER_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {device!r} requested but CUDA is not available")

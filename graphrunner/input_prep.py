@@ -13,6 +13,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from graphrunner.kernel_checks import check_tensor as _check
+
 _BLOCK = 128  # tokens / block-table columns handled per loop iteration of one program
 
 
@@ -27,13 +29,6 @@ class StepInputs:
     logits_indices: Tensor  # [B] int64, index of each request's last scheduled token
 
 
-def _check(t: Tensor, name: str, dtype: torch.dtype, ndim: int, device: torch.device) -> None:
-    if t.dtype != dtype:
-        raise ValueError(f"{name} must be {dtype}, got {t.dtype}")
-    if t.dim() != ndim:
-        raise ValueError(f"{name} must be {ndim}-D, got shape {tuple(t.shape)}")
-    if t.device != device:
-        raise ValueError(f"{name} is on {t.device}, expected {device} (same device as idx_mapping)")
 
 
 def _check_args(

@@ -11,16 +11,11 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from graphrunner.kernel_checks import check_tensor as _check
+
 _BLOCK = 256  # values written per loop iteration of one ragged-write program
 
 
-def _check(t: Tensor, name: str, dtype: torch.dtype | None, ndim: int, device: torch.device) -> None:
-    if dtype is not None and t.dtype != dtype:
-        raise ValueError(f"{name} must be {dtype}, got {t.dtype}")
-    if t.dim() != ndim:
-        raise ValueError(f"{name} must be {ndim}-D, got shape {tuple(t.shape)}")
-    if t.device != device:
-        raise ValueError(f"{name} is on {t.device}, expected {device}")
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -14,6 +14,13 @@ if not _HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+@pytest.fixture(autouse=True)
+def _cpu_unless_gpu_test(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tests not marked `gpu` compare against fp32 CPU references: their engines run on CPU everywhere."""
+    if "gpu" not in request.keywords:
+        monkeypatch.setenv("GRAPHRUNNER_DEVICE", "cpu")
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "gpu: needs a CUDA device (skipped without one)")
 

@@ -25,9 +25,15 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_tiny_model(tmp_path_factory.mktemp("sampling"), "Qwen3ForCausalLM")
 
 
+@pytest.fixture(scope="module", params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def device(request: pytest.FixtureRequest) -> str:
+    """CPU runs the PyTorch references; CUDA runs the Triton kernels (fp32 on both, against HF fp32 on CPU)."""
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def llm(model_dir: Path) -> LLM:
-    return LLM(model=model_dir, num_gpu_blocks_override=512, max_model_len=256)
+def llm(model_dir: Path, device: str) -> LLM:
+    return LLM(model=model_dir, num_gpu_blocks_override=512, max_model_len=256, device=device, dtype="float32")
 
 
 def _one(llm: LLM, **kw: object) -> list[int]:
@@ -83,8 +89,9 @@ def test_logprobs_match_hf_log_softmax(llm: LLM, model_dir: Path) -> None:
     assert comp.cumulative_logprob == pytest.approx(total, abs=1e-4)
 
 
-def test_sampled_token_rank_and_processed_mode(model_dir: Path) -> None:
-    llm = LLM(model=model_dir, num_gpu_blocks_override=64, max_model_len=256, logprobs_mode="processed_logprobs")
+def test_sampled_token_rank_and_processed_mode(model_dir: Path, device: str) -> None:
+    llm = LLM(model=model_dir, num_gpu_blocks_override=64, max_model_len=256, logprobs_mode="processed_logprobs",
+              device=device, dtype="float32")
     comp = llm.generate([PROMPT], SamplingParams(temperature=1.0, top_k=3, max_tokens=12, ignore_eos=True, seed=1,
                                                  logprobs=0))[0].outputs[0]
     for tok, entry in zip(comp.token_ids, comp.logprobs or []):
@@ -92,9 +99,10 @@ def test_sampled_token_rank_and_processed_mode(model_dir: Path) -> None:
         assert entry[tok].logprob > -30  # renormalised over the kept tokens: not -inf, not tiny
 
 
-def test_prompt_logprobs_match_hf(model_dir: Path) -> None:
+def test_prompt_logprobs_match_hf(model_dir: Path, device: str) -> None:
     # a small token budget splits the prompt into chunks: logprobs are assembled across steps
-    llm = LLM(model=model_dir, num_gpu_blocks_override=64, max_model_len=256, max_num_batched_tokens=5)
+    llm = LLM(model=model_dir, num_gpu_blocks_override=64, max_model_len=256, max_num_batched_tokens=5,
+              device=device, dtype="float32")
     prompt = PROMPT + [5, 6, 7, 8, 9, 10]
     out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=2, prompt_logprobs=2))[0]
     ref = torch.log_softmax(hf_logits(model_dir, prompt), dim=-1)
@@ -136,12 +144,12 @@ def test_seeded_full_suite_same_alone_and_in_batch_of_32(llm: LLM) -> None:
         assert llm.generate([prompts[i]], params[i])[0].outputs[0].token_ids == batch[i]
 
 
-def test_nonfinite_logits_end_only_that_request(tmp_path: Path) -> None:
+def test_nonfinite_logits_end_only_that_request(tmp_path: Path, device: str) -> None:
     model_dir = make_tiny_model(tmp_path, "LlamaForCausalLM")  # untied: a NaN embedding row reaches one request
     weights = load_file(model_dir / "model.safetensors")
     weights["model.embed_tokens.weight"][7] = float("nan")
     save_file(weights, model_dir / "model.safetensors", metadata={"format": "pt"})
-    llm = LLM(model=model_dir, num_gpu_blocks_override=128, max_model_len=256)
+    llm = LLM(model=model_dir, num_gpu_blocks_override=128, max_model_len=256, device=device, dtype="float32")
     healthy = [[1, 2, 3, 4], [9, 10, 11, 12, 13, 14], [20, 21]]
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
     alone = [o.outputs[0] for o in llm.generate(healthy, params)]

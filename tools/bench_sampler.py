@@ -78,8 +78,8 @@ def run(batch_sizes: list[int], vocab: int, iters: int, device: torch.device, us
             idx = torch.arange(bs, dtype=torch.int32, device=device)
             entries = [SampleEntry(r, params, RequestSampling(), 0) for r in range(bs)]
             sbatch = build_sampling_batch(entries, idx, device)
-            ours = _time(lambda: run_sampler(logits.clone(), sbatch, state, use_triton), device, iters)
-            peer = _time(lambda: _peer(logits.clone(), params), device, iters)
+            ours = _time(lambda x=logits, b=sbatch: run_sampler(x.clone(), b, state, use_triton), device, iters)
+            peer = _time(lambda x=logits, p=params: _peer(x.clone(), p), device, iters)
             rows.append({"batch": bs, "vocab": vocab, "setting": name, "ours_ms": ours, "peer_ms": peer,
                          "speedup": peer / ours})
             print(f"  b={bs:<4} {name:<12} ours {ours:8.3f} ms   torch {peer:8.3f} ms   {peer / ours:5.2f}x",

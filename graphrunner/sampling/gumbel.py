@@ -11,6 +11,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from graphrunner.kernel_checks import check_tensor as _check
+
 _BLOCK_V = 4096  # vocab entries per loop iteration of one sampling program (1024 -> 4096 halved H200 latency)
 _MASK32 = 0xFFFFFFFF
 # Hash constants. _M1/_M2 are the multipliers of Chris Wellons' "lowbias32" finaliser; the others are arbitrary odd
@@ -159,14 +161,6 @@ def _sample_kernel(
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def _check(t: Tensor, name: str, dtype: torch.dtype | tuple[torch.dtype, ...], ndim: int, device: torch.device | None) -> None:
-    dtypes = dtype if isinstance(dtype, tuple) else (dtype,)
-    if t.dtype not in dtypes:
-        raise ValueError(f"{name} must be {' or '.join(str(d) for d in dtypes)}, got {t.dtype}")
-    if t.dim() != ndim:
-        raise ValueError(f"{name} must be {ndim}-D, got shape {tuple(t.shape)}")
-    if device is not None and t.device != device:
-        raise ValueError(f"{name} is on {t.device}, expected {device}")
 
 
 def gumbel_noise_triton(

@@ -13,6 +13,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from graphrunner.kernel_checks import check_tensor as _check
+
 MAX_NUM_TOP = 20  # the largest k accepted (vLLM's max_logprobs default)
 _BLOCK_V = 4096  # vocab entries per loop iteration of one program (same block as the Gumbel sampler)
 _FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -31,13 +33,6 @@ class LogprobsTensors:
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def _check(t: Tensor, name: str, dtypes: tuple[torch.dtype, ...], ndim: int, device: torch.device) -> None:
-    if t.dtype not in dtypes:
-        raise ValueError(f"{name} must be {' or '.join(str(d) for d in dtypes)}, got {t.dtype}")
-    if t.dim() != ndim:
-        raise ValueError(f"{name} must be {ndim}-D, got shape {tuple(t.shape)}")
-    if t.device != device:
-        raise ValueError(f"{name} is on {t.device}, expected {device}")
 
 
 def _check_num_top(num_top: int, vocab_size: int | None) -> None:

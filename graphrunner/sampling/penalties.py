@@ -11,6 +11,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from graphrunner.kernel_checks import check_tensor as _check
+
 _BLOCK_L = 512  # history positions per iteration of one counting program
 _MAX_CHUNKS = 32  # counting programs per row at most (each strides over the history)
 _BLOCK_V = 1024  # vocab entries per apply program
@@ -18,13 +20,6 @@ _SEEN_BIT = 1 << 30  # set in counts[b, v] when v occurs in the prompt; the low 
 _COUNT_MASK = _SEEN_BIT - 1
 
 
-def _check(t: Tensor, name: str, dtype: torch.dtype, ndim: int, device: torch.device) -> None:
-    if t.dtype != dtype:
-        raise ValueError(f"{name} must be {dtype}, got {t.dtype}")
-    if t.dim() != ndim:
-        raise ValueError(f"{name} must be {ndim}-D, got shape {tuple(t.shape)}")
-    if t.device != device:
-        raise ValueError(f"{name} is on {t.device}, expected {device}")
 
 
 def _check_args(

@@ -1,0 +1,20 @@
+"""Argument checks shared by the public launchers of the Triton kernels (shape, dtype, device).
+
+They look only at tensor metadata, never at values, so they cost no host synchronisation.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def check_tensor(t: torch.Tensor, name: str, dtype: torch.dtype | tuple[torch.dtype, ...] | None, ndim: int,
+                 device: torch.device | None) -> None:
+    """Raise ValueError naming `name` when t's dtype (None: any), rank or device (None: any) is wrong."""
+    dtypes = dtype if isinstance(dtype, tuple) else (dtype,)
+    if dtype is not None and t.dtype not in dtypes:
+        raise ValueError(f"{name} must be {' or '.join(str(d) for d in dtypes)}, got {t.dtype}")
+    if t.dim() != ndim:
+        raise ValueError(f"{name} must be {ndim}-D, got shape {tuple(t.shape)}")
+    if device is not None and t.device != device:
+        raise ValueError(f"{name} is on {t.device}, expected {device}")
