@@ -137,8 +137,13 @@ def test_step_loop_never_synchronises(tmp_path: Path) -> None:
         return schedule_and_launch
 
     engine.runner.execute = checked  # type: ignore[method-assign]
-    params = [SamplingParams(temperature=t, max_tokens=24, ignore_eos=True, seed=i)
+    extras = [{}, {"top_k": 5, "top_p": 0.9}, {"min_p": 0.1, "repetition_penalty": 1.2},
+              {"presence_penalty": 0.5, "frequency_penalty": 0.3, "logprobs": 3}, {"logit_bias": {5: 2.0}},
+              {"allowed_token_ids": list(range(100))}, {"prompt_logprobs": 2, "min_tokens": 4, "stop_token_ids": [9]},
+              {"bad_words": ["the quick"]}]
+    params = [SamplingParams(temperature=t, max_tokens=24, ignore_eos=True, seed=i, **extras[i % len(extras)])
               for i, t in enumerate([0.0, 0.7, 1.0] * 4)]
     outs = llm.generate(_prompts(512)[:8] + _prompts(512)[:4], params)
-    assert launches > 24 and all(len(o.outputs[0].token_ids) == 24 for o in outs)
+    assert launches > 24 and all(len(o.outputs[0].token_ids) == 24 or o.outputs[0].finish_reason == "stop"
+                                 for o in outs)
     assert engine.scheduler.num_preemptions > 0
