@@ -14,11 +14,10 @@ if not _HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
-@pytest.fixture(autouse=True)
-def _cpu_unless_gpu_test(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Tests not marked `gpu` compare against fp32 CPU references: their engines run on CPU everywhere."""
-    if "gpu" not in request.keywords:
-        monkeypatch.setenv("GRAPHRUNNER_DEVICE", "cpu")
+# Engines built without an explicit device run on CPU in tests, also on a GPU machine: the CPU tests
+# compare against fp32 CPU references (and module-scoped fixtures are built before any per-test
+# fixture could change this). GPU tests pass device="cuda" explicitly.
+os.environ["GRAPHRUNNER_DEVICE"] = "cpu"
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -83,7 +83,7 @@ def _hf_logits(model_dir: Path, ids: list[int]) -> torch.Tensor:
 
 def test_qwen3_06b_bf16_matches_hf(qwen3_06b_dir: Path) -> None:
     prompts = _prompts()
-    llm = LLM(model=qwen3_06b_dir, max_model_len=1024, gpu_memory_utilization=0.5)
+    llm = LLM(model=qwen3_06b_dir, max_model_len=1024, gpu_memory_utilization=0.5, device="cuda")
     ours = [o.outputs[0].token_ids for o in
             llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True))]
     del llm
@@ -112,7 +112,7 @@ def test_tiny_fp32_triton_path_matches_hf(arch: str, tmp_path: Path) -> None:
     prompts = _prompts(512)
     expected = [hf_greedy(model_dir, p, NEW_TOKENS) for p in prompts]
     for kwargs in ({}, {"max_num_batched_tokens": 40}, {"num_gpu_blocks_override": 30}):
-        llm = LLM(model=model_dir, dtype="float32", max_model_len=512, use_triton=True, **kwargs)
+        llm = LLM(model=model_dir, dtype="float32", max_model_len=512, use_triton=True, device="cuda", **kwargs)
         got = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True))
         assert [o.outputs[0].token_ids for o in got] == expected, kwargs
 
@@ -121,7 +121,7 @@ def test_step_loop_never_synchronises(tmp_path: Path) -> None:
     model_dir = make_tiny_model(tmp_path, "Qwen3ForCausalLM")
     # small blocks and a small budget: prefill chunks, decodes and preemptions all happen under the check
     llm = LLM(model=model_dir, max_model_len=512, num_gpu_blocks_override=40, max_num_batched_tokens=48,
-              block_size=16)
+              block_size=16, device="cuda")
     engine = llm.engine
     launch = engine.runner.execute
     launches = 0
