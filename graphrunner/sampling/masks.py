@@ -49,7 +49,8 @@ def apply_sparse_edits(logits: torch.Tensor, edits: SparseEdits) -> None:
 def apply_allowed_tokens(logits: torch.Tensor, allowed: AllowedTokens) -> None:
     """Every token not on its row's whitelist becomes -inf (in place)."""
     mask = torch.full((allowed.rows.shape[0], logits.shape[1]), float("-inf"), device=logits.device)
-    mask[allowed.local, allowed.cols] = 0.0
+    # a device-side value tensor: a Python scalar here would be copied from the host synchronously
+    mask.index_put_((allowed.local, allowed.cols), torch.zeros_like(allowed.cols, dtype=mask.dtype))
     logits.index_add_(0, allowed.rows, mask)
 
 
