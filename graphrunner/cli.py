@@ -34,6 +34,10 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--max-tokens", type=int, default=64)
     gen.add_argument("--min-tokens", type=int, default=0)
     gen.add_argument("--temperature", type=float, default=0.7)
+    gen.add_argument("--top-k", type=int, default=-1)
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--min-p", type=float, default=0.0)
+    gen.add_argument("--repetition-penalty", type=float, default=1.0)
     gen.add_argument("--request-seed", type=int, default=None, help="fixed seed for every request")
     gen.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
     gen.add_argument("--ignore-eos", action="store_true")
@@ -44,7 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
 def _generate(args: argparse.Namespace) -> int:
     from graphrunner.llm import LLM
 
-    params = SamplingParams(n=args.n, temperature=args.temperature, max_tokens=args.max_tokens,
+    params = SamplingParams(n=args.n, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                            min_p=args.min_p, repetition_penalty=args.repetition_penalty, max_tokens=args.max_tokens,
                             min_tokens=args.min_tokens, seed=args.request_seed, stop=args.stop,
                             ignore_eos=args.ignore_eos)
     llm = LLM(model=args.model, dtype=args.dtype, device=args.device, seed=args.seed, max_model_len=args.max_model_len,

@@ -176,6 +176,17 @@ def test_bad_requests_raise_and_engine_keeps_serving(llm: LLM, prompt: object, p
         ({"n": 0}, "n must be"),
         ({"top_p": 0.0}, "top_p"),
         ({"logprobs": 21}, "logprobs"),
+        ({"top_k": 0}, "top_k"),
+        ({"top_k": -2}, "top_k"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"min_p": -0.1}, "min_p"),
+        ({"min_p": 1.1}, "min_p"),
+        ({"repetition_penalty": 0.0}, "repetition_penalty"),
+        ({"presence_penalty": 2.5}, "presence_penalty"),
+        ({"frequency_penalty": math.nan}, "frequency_penalty"),
+        ({"allowed_token_ids": []}, "allowed_token_ids"),
+        ({"logit_bias": {1: math.inf}}, "logit_bias"),
+        ({"bad_words": [""]}, "bad_words"),
     ],
 )
 def test_bad_sampling_params(kwargs: dict, match: str) -> None:

@@ -133,7 +133,7 @@ def test_bias_whitelist_and_bad_words(llm: LLM) -> None:
 
 def test_seeded_full_suite_same_alone_and_in_batch_of_32(llm: LLM) -> None:
     rng = random.Random(0)
-    params = [SamplingParams(temperature=rng.choice([0.5, 1.0, 1.3]), top_k=rng.choice([0, 5, 50]),
+    params = [SamplingParams(temperature=rng.choice([0.5, 1.0, 1.3]), top_k=rng.choice([-1, 5, 50]),
                              top_p=rng.choice([1.0, 0.9, 0.5]), min_p=rng.choice([0.0, 0.05]),
                              repetition_penalty=rng.choice([1.0, 1.2]), presence_penalty=rng.choice([0.0, 0.5]),
                              frequency_penalty=rng.choice([0.0, 0.3]), max_tokens=10, ignore_eos=True, seed=i)
