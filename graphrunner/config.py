@@ -8,6 +8,7 @@ Every dataclass validates itself in `__post_init__` with messages that name the 
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -192,8 +193,13 @@ class EngineConfig:
     enable_prefix_caching: bool = False
     use_triton: bool = False  # device-side prep/sampling kernels; False = the PyTorch references
     logprobs_mode: str = "raw_logprobs"  # or "processed_logprobs" (after penalties, temperature, filters)
+    attention_backend: str = "reference"  # or "triton" (opt-in until verified on the GPU)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.logprobs_mode not in ("raw_logprobs", "processed_logprobs"):
             raise ValueError(f"logprobs_mode must be 'raw_logprobs' or 'processed_logprobs', got {self.logprobs_mode!r}")
+        if self.attention_backend not in ("reference", "triton"):
+            raise ValueError(f"attention_backend must be 'reference' or 'triton', got {self.attention_backend!r}")
+        if self.attention_backend == "triton" and self.device.type != "cuda" and not os.environ.get("TRITON_INTERPRET"):
+            raise ValueError("attention_backend='triton' on CPU needs TRITON_INTERPRET=1 (Triton's interpreter)")

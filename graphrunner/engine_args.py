@@ -50,6 +50,7 @@ def build_engine_config(
     device: str | torch.device | None = None,
     use_triton: bool | None = None,
     logprobs_mode: str = "raw_logprobs",
+    attention_backend: str = "reference",
 ) -> EngineConfig:
     model_dir = Path(model) if model is not None else default_model_dir()
     if not model_dir.is_dir():
@@ -77,4 +78,5 @@ def build_engine_config(
         enable_prefix_caching=enable_prefix_caching,
         use_triton=(dev.type == "cuda") if use_triton is None else use_triton,
         logprobs_mode=logprobs_mode,
+        attention_backend=attention_backend,
     )

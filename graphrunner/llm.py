@@ -50,6 +50,7 @@ class LLM:
         device: str | torch.device | None = None,
         use_triton: bool | None = None,
         logprobs_mode: str = "raw_logprobs",
+        attention_backend: str = "reference",
     ) -> None:
         if compile_cache is not None:
             raise ValueError("compile_cache is not supported yet: CUDA-graph capture and precompilation are not built")
@@ -58,7 +59,7 @@ class LLM:
             max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, block_size=block_size,
             gpu_memory_utilization=gpu_memory_utilization, num_gpu_blocks_override=num_gpu_blocks_override,
             enforce_eager=enforce_eager, enable_prefix_caching=enable_prefix_caching, device=device,
-            use_triton=use_triton, logprobs_mode=logprobs_mode,
+            use_triton=use_triton, logprobs_mode=logprobs_mode, attention_backend=attention_backend,
         )
         self.engine = Engine(self.config)
 

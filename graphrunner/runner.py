@@ -53,13 +53,14 @@ class StepBatch:
 
 class ModelRunner:
     def __init__(self, model: nn.Module, kv_cache: torch.Tensor, state: StateTable, block_size: int,
-                 use_triton: bool, logprobs_mode: str = "raw_logprobs") -> None:
+                 use_triton: bool, logprobs_mode: str = "raw_logprobs", attention_backend: str = "reference") -> None:
         self.model = model
         self.kv_cache = kv_cache  # [num_layers, 2, num_blocks, block_size, Hkv, D]
         self.state = state
         self.block_size = block_size
         self.use_triton = use_triton
         self.logprobs_mode = logprobs_mode
+        self.attention_backend = attention_backend
         self.device = state.device
         self.outputs = OutputCopier(self.device)
 
@@ -138,7 +139,7 @@ class ModelRunner:
             query_start_loc=inputs.query_start_loc, seq_lens=inputs.seq_lens, block_table=inputs.block_table,
             slot_mapping=inputs.slot_mapping, query_lens_cpu=batch.query_lens, seq_lens_cpu=batch.seq_lens,
         )
-        with forward_context(meta, self.kv_cache):
+        with forward_context(meta, self.kv_cache, self.attention_backend):
             return self.model(inputs.input_ids, inputs.positions)
 
 

@@ -70,5 +70,6 @@ def build_runner(config: EngineConfig) -> tuple[ModelRunner, int]:
     sc = config.scheduler
     state = StateTable(sc.max_num_seqs, sc.max_model_len, blocks_needed(sc.max_model_len, config.cache.block_size),
                        config.device, config.use_triton)
-    runner = ModelRunner(model, kv, state, config.cache.block_size, config.use_triton, config.logprobs_mode)
+    runner = ModelRunner(model, kv, state, config.cache.block_size, config.use_triton, config.logprobs_mode,
+                         config.attention_backend)
     return runner, num_blocks

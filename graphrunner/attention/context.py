@@ -14,20 +14,26 @@ import torch
 
 from graphrunner.attention.metadata import AttentionMetadata
 
+ATTENTION_BACKENDS = ("reference", "triton")
+
 
 @dataclass
 class ForwardContext:
     meta: AttentionMetadata
     kv_cache: torch.Tensor  # [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]
+    backend: str = "reference"  # "reference" (PyTorch gather + SDPA) or "triton" (unified paged kernel)
 
 
 _CURRENT: ForwardContext | None = None
 
 
 @contextmanager
-def forward_context(meta: AttentionMetadata, kv_cache: torch.Tensor) -> Iterator[ForwardContext]:
+def forward_context(meta: AttentionMetadata, kv_cache: torch.Tensor,
+                    backend: str = "reference") -> Iterator[ForwardContext]:
     global _CURRENT
-    previous, _CURRENT = _CURRENT, ForwardContext(meta, kv_cache)
+    if backend not in ATTENTION_BACKENDS:
+        raise ValueError(f"unknown attention backend {backend!r}; expected one of {ATTENTION_BACKENDS}")
+    previous, _CURRENT = _CURRENT, ForwardContext(meta, kv_cache, backend)
     try:
         yield _CURRENT
     finally:

@@ -1,7 +1,8 @@
 """The attention layer models call: writes this step's K/V into the paged cache, then attends.
 
-It reads the step's metadata and the KV cache from the forward context, so the model's forward
-keeps a plain `(input_ids, positions)` signature. The backend is the PyTorch reference for now.
+It reads the step's metadata, the KV cache and the backend from the forward context, so the
+model's forward keeps a plain `(input_ids, positions)` signature. Backends: the PyTorch reference
+(default) and the Triton unified paged-attention kernel (opt-in until verified on the GPU).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from torch import nn
 
 from graphrunner.attention.context import get_forward_context
 from graphrunner.attention.reference import paged_attention_ref, write_kv_ref
+from graphrunner.attention.triton_attention import choose_num_splits, unified_attention, write_kv_triton
 
 
 class Attention(nn.Module):
@@ -32,9 +34,20 @@ class Attention(nn.Module):
         """q [T, Hq*D], k/v [T, Hkv*D] -> [T, Hq*D]."""
         ctx = get_forward_context()
         layer_cache = ctx.kv_cache[self.layer_idx]  # [2, num_blocks, block_size, Hkv, D]
+        meta = ctx.meta
         t = q.shape[0]
-        write_kv_ref(k.view(t, self.num_kv_heads, self.head_dim), v.view(t, self.num_kv_heads, self.head_dim),
-                     layer_cache, ctx.meta.slot_mapping)
-        out = paged_attention_ref(q.view(t, self.num_heads, self.head_dim), layer_cache, ctx.meta, self.scale,
-                                  self.sliding_window)
+        q3 = q.view(t, self.num_heads, self.head_dim)
+        k3 = k.view(t, self.num_kv_heads, self.head_dim)
+        v3 = v.view(t, self.num_kv_heads, self.head_dim)
+        if ctx.backend == "triton":
+            write_kv_triton(k3, v3, layer_cache, meta.slot_mapping)
+            splits = meta.backend_cache.get("num_splits")
+            if splits is None:  # one choice per step, shared by every layer
+                decode_only = meta.max_query_len <= 1
+                splits = choose_num_splits(meta.num_reqs, self.num_kv_heads, meta.max_seq_len) if decode_only else 1
+                meta.backend_cache["num_splits"] = splits
+            out = unified_attention(q3, layer_cache, meta, self.scale, self.sliding_window, num_splits=splits)
+        else:
+            write_kv_ref(k3, v3, layer_cache, meta.slot_mapping)
+            out = paged_attention_ref(q3, layer_cache, meta, self.scale, self.sliding_window)
         return out.reshape(t, self.num_heads * self.head_dim)

@@ -68,8 +68,10 @@ def paged_attention_ref(
     meta: AttentionMetadata,
     scale: float,
     sliding_window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:              # [T, Hq, D]
-    """Attention of every query token over its request's cached context (causal, optional window)."""
+    """Attention of every query token over its request's cached context (causal, optional window,
+    optional logit soft-cap: scores = softcap * tanh(scores / softcap))."""
     _, num_heads, head_dim = query.shape
     num_kv_heads = layer_cache.shape[3]
     group = num_heads // num_kv_heads
@@ -87,6 +89,8 @@ def paged_attention_ref(
         k, v = _gather_kv(layer_cache, meta.block_table.index_select(0, rows), max_seq)  # [Nd, S, Hkv, D]
         q = query.index_select(0, tok).view(num_decode, num_kv_heads, group, head_dim).float()
         scores = torch.einsum("nhgd,nshd->nhgs", q, k.float()) * scale     # [Nd, Hkv, G, S]
+        if softcap is not None:
+            scores = softcap * torch.tanh(scores / softcap)
         pos = torch.arange(max_seq, device=query.device)
         allowed = pos[None, :] < seq[:, None]                             # [Nd, S]
         if sliding_window is not None:
@@ -112,7 +116,12 @@ def paged_attention_ref(
         mask = k_pos[None, :] <= q_pos[:, None]
         if sliding_window is not None:
             mask &= k_pos[None, :] > (q_pos[:, None] - sliding_window)
-        o = F.scaled_dot_product_attention(q.unsqueeze(0), k.unsqueeze(0).to(q.dtype), v.unsqueeze(0).to(q.dtype),
-                                           attn_mask=mask, scale=scale)
+        if softcap is None:
+            o = F.scaled_dot_product_attention(q.unsqueeze(0), k.unsqueeze(0).to(q.dtype), v.unsqueeze(0).to(q.dtype),
+                                               attn_mask=mask, scale=scale)
+        else:  # SDPA has no soft-cap: the same math written out, in fp32
+            sc = torch.einsum("hqd,hsd->hqs", q.float(), k.float()) * scale
+            sc = (softcap * torch.tanh(sc / softcap)).masked_fill(~mask, -math.inf)
+            o = torch.einsum("hqs,hsd->hqd", sc.softmax(-1), v.float()).to(q.dtype).unsqueeze(0)
         out[start:start + q_len] = o[0].transpose(0, 1)
     return out

@@ -1,0 +1,245 @@
+"""Triton paged attention: one launch serves a varlen batch of prefill chunks and decodes.
+
+Each program owns (request, tile of query tokens x the query heads of one KV head, KV split):
+GQA heads are packed into the tile's rows, keys/values are gathered from the paged cache through
+the request's block table, and an online softmax runs over the tile's causal key range. With
+num_splits > 1 each program covers one slice of that range and a reduction kernel merges the
+partial results (flash-decoding). `write_kv_triton` fills the cache from slot_mapping, skipping
+slot -1. The PyTorch reference for both is graphrunner.attention.reference.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from graphrunner.attention.metadata import AttentionMetadata
+from graphrunner.kernel_checks import check_tensor
+
+TILE_N = 64            # keys per inner iteration (several paged blocks, gathered per position)
+DECODE_ROWS = 16       # tile rows for decode-only batches (tl.dot needs >= 16)
+PREFILL_ROWS = 64      # tile rows for batches with prefill chunks
+MAX_SPLITS = 16
+_TARGET_PROGRAMS = 264  # ~2 waves on a 132-SM H200
+
+
+@triton.jit
+def _tanh(x):
+    return 2.0 * tl.sigmoid(2.0 * x) - 1.0
+
+
+@triton.jit
+def _unified_attention_kernel(
+    q_ptr, k_ptr, v_ptr, out_ptr, part_acc_ptr, part_ml_ptr,
+    qsl_ptr, seq_lens_ptr, block_table_ptr,
+    stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+    stride_ot, stride_oh, stride_bt, num_tokens, num_q_heads,
+    scale, softcap, window,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, TILE: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    USE_WINDOW: tl.constexpr, USE_SOFTCAP: tl.constexpr, FP32_DOT: tl.constexpr,
+):
+    req = tl.program_id(0)
+    q_tile = tl.program_id(1)
+    kvh = tl.program_id(2) // NUM_SPLITS
+    split = tl.program_id(2) % NUM_SPLITS
+
+    q_start = tl.load(qsl_ptr + req)
+    q_len = tl.load(qsl_ptr + req + 1) - q_start
+    if q_tile * BLOCK_Q < q_len:
+        seq_len = tl.load(seq_lens_ptr + req)
+        ctx = seq_len - q_len                                    # cached prefix before this chunk
+        m = tl.arange(0, BLOCK_M)
+        q_local = q_tile * BLOCK_Q + m // GROUP                  # query index inside the chunk
+        head = kvh * GROUP + m % GROUP
+        row_ok = (m < BLOCK_Q * GROUP) & (q_local < q_len)
+        q_pos = ctx + q_local                                    # absolute position of each row
+        d = tl.arange(0, D_PAD)
+        d_ok = d < HEAD_DIM
+        q = tl.load(q_ptr + (q_start + q_local)[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
+                    mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+
+        # Causal key range of the whole tile, then this program's slice of it.
+        last_q = tl.minimum(q_tile * BLOCK_Q + BLOCK_Q, q_len) - 1
+        kv_end = ctx + last_q + 1
+        kv_start = 0
+        if USE_WINDOW:
+            kv_start = tl.maximum(ctx + q_tile * BLOCK_Q - window + 1, 0)
+        per = tl.cdiv(tl.cdiv(kv_end - kv_start, NUM_SPLITS), TILE) * TILE
+        lo = kv_start + split * per
+        hi = tl.minimum(kv_end, lo + per)
+
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
+        n_base = tl.arange(0, TILE)
+        for start in range(lo, hi, TILE):
+            n = start + n_base
+            n_ok = n < hi
+            blk = tl.load(block_table_ptr + req * stride_bt + n // BLOCK_SIZE, mask=n_ok, other=0)
+            slot = n % BLOCK_SIZE
+            kv_mask = n_ok[:, None] & d_ok[None, :]
+            # Unused slots may hold anything (NaN included): masked loads read 0 there.
+            k = tl.load(k_ptr + blk[:, None].to(tl.int64) * stride_kb + slot[:, None] * stride_ks + kvh * stride_kh
+                        + d[None, :], mask=kv_mask, other=0.0)
+            if FP32_DOT:
+                s = tl.dot(q, tl.trans(k), input_precision="ieee")
+            else:
+                s = tl.dot(q, tl.trans(k))
+            s = s * scale
+            if USE_SOFTCAP:
+                s = softcap * _tanh(s / softcap)
+            keep = (n[None, :] <= q_pos[:, None]) & n_ok[None, :]
+            if USE_WINDOW:
+                keep = keep & (n[None, :] > q_pos[:, None] - window)
+            s = tl.where(keep, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no key yet: avoid -inf - -inf
+            p = tl.exp(s - m_safe[:, None])
+            alpha = tl.exp(m_i - m_safe)
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            v = tl.load(v_ptr + blk[:, None].to(tl.int64) * stride_vb + slot[:, None] * stride_vs + kvh * stride_vh
+                        + d[None, :], mask=kv_mask, other=0.0)
+            if FP32_DOT:
+                pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
+            else:
+                pv = tl.dot(p.to(v.dtype), v)
+            acc = acc * alpha[:, None] + pv
+            m_i = m_new
+
+        tok = q_start + q_local
+        if NUM_SPLITS == 1:
+            out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+            tl.store(out_ptr + tok[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
+                     out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+        else:
+            # workspace: acc [S, T, Hq, D_PAD], (m, l) [S, T, Hq, 2]
+            row = (split * num_tokens + tok) * num_q_heads + head
+            tl.store(part_acc_ptr + row[:, None].to(tl.int64) * D_PAD + d[None, :], acc, mask=row_ok[:, None])
+            tl.store(part_ml_ptr + row.to(tl.int64) * 2, m_i, mask=row_ok)
+            tl.store(part_ml_ptr + row.to(tl.int64) * 2 + 1, l_i, mask=row_ok)
+
+
+@triton.jit
+def _merge_splits_kernel(part_acc_ptr, part_ml_ptr, out_ptr, stride_ot, stride_oh, num_tokens, num_q_heads,
+                         HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, NUM_SPLITS: tl.constexpr):
+    tok = tl.program_id(0)
+    head = tl.program_id(1)
+    d = tl.arange(0, D_PAD)
+    m_max = tl.full([1], float("-inf"), tl.float32)
+    for s in range(NUM_SPLITS):
+        row = (s * num_tokens + tok) * num_q_heads + head
+        m_max = tl.maximum(m_max, tl.load(part_ml_ptr + row.to(tl.int64) * 2 + tl.zeros([1], tl.int32)))
+    m_safe = tl.where(m_max == float("-inf"), 0.0, m_max)
+    acc = tl.zeros([D_PAD], tl.float32)
+    den = tl.zeros([1], tl.float32)
+    for s in range(NUM_SPLITS):
+        row = (s * num_tokens + tok) * num_q_heads + head
+        m_s = tl.load(part_ml_ptr + row.to(tl.int64) * 2 + tl.zeros([1], tl.int32))
+        l_s = tl.load(part_ml_ptr + row.to(tl.int64) * 2 + 1 + tl.zeros([1], tl.int32))
+        w = tl.where(m_s == float("-inf"), 0.0, tl.exp(m_s - m_safe))  # an empty split adds nothing
+        acc += tl.load(part_acc_ptr + row.to(tl.int64) * D_PAD + d) * w
+        den += l_s * w
+    out = acc / tl.where(den == 0.0, 1.0, den)
+    tl.store(out_ptr + tok * stride_ot + head * stride_oh + d, out.to(out_ptr.dtype.element_ty), mask=d < HEAD_DIM)
+
+
+def choose_num_splits(num_reqs: int, num_kv_heads: int, max_seq_len: int) -> int:
+    """KV splits for a decode-only batch: enough programs for ~2 waves, only when contexts are long.
+
+    Depends on host-known sizes only, so a captured shape keeps one grid; the span each split covers
+    is computed on the device from each request's own length.
+    """
+    programs = max(1, num_reqs * num_kv_heads)
+    if max_seq_len < 1024 or programs >= _TARGET_PROGRAMS:
+        return 1
+    return max(1, min(MAX_SPLITS, -(-_TARGET_PROGRAMS // programs), -(-max_seq_len // 256)))
+
+
+def unified_attention(query: torch.Tensor, layer_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
+                      sliding_window: int | None = None, softcap: float | None = None,
+                      num_splits: int = 1) -> torch.Tensor:
+    """query [T, Hq, D], layer_cache [2, num_blocks, block_size, Hkv, D] -> [T, Hq, D] (query's dtype)."""
+    check_tensor(query, "query", (torch.float32, torch.bfloat16, torch.float16), 3, None)
+    check_tensor(layer_cache, "layer_cache", query.dtype, 5, query.device)
+    t, hq, dim = query.shape
+    _, _, block_size, hkv, cache_dim = layer_cache.shape
+    if cache_dim != dim or hq % hkv:
+        raise ValueError(f"query [T, {hq}, {dim}] does not fit a cache with {hkv} KV heads of dim {cache_dim}")
+    if query.stride(-1) != 1 or layer_cache.stride(-1) != 1:
+        raise ValueError("query and layer_cache need a contiguous last (head_dim) dimension")
+    if not 1 <= num_splits <= MAX_SPLITS:
+        raise ValueError(f"num_splits must be in [1, {MAX_SPLITS}], got {num_splits}")
+    if block_size < 16 and TILE_N % block_size:
+        raise ValueError(f"block_size {block_size} must divide {TILE_N}")
+    out = torch.empty_like(query)
+    if t == 0 or meta.num_reqs == 0:
+        return out
+    group = hq // hkv
+    rows = DECODE_ROWS if meta.max_query_len <= 1 else PREFILL_ROWS
+    block_m = max(rows, triton.next_power_of_2(group))
+    block_q = block_m // group
+    d_pad = max(16, triton.next_power_of_2(dim))
+    k_cache, v_cache = layer_cache[0], layer_cache[1]
+    if num_splits > 1:
+        part_acc = torch.empty(num_splits * t * hq * d_pad, dtype=torch.float32, device=query.device)
+        part_ml = torch.empty(num_splits * t * hq * 2, dtype=torch.float32, device=query.device)
+    else:
+        part_acc = part_ml = out  # unused
+    grid = (meta.num_reqs, triton.cdiv(max(meta.max_query_len, 1), block_q), hkv * num_splits)
+    _unified_attention_kernel[grid](
+        query, k_cache, v_cache, out, part_acc, part_ml,
+        meta.query_start_loc, meta.seq_lens, meta.block_table,
+        query.stride(0), query.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0), out.stride(1),
+        meta.block_table.stride(0), t, hq,
+        scale, softcap if softcap is not None else 1.0, sliding_window if sliding_window is not None else 0,
+        GROUP=group, HEAD_DIM=dim, D_PAD=d_pad, BLOCK_SIZE=block_size, BLOCK_Q=block_q, BLOCK_M=block_m,
+        TILE=max(TILE_N, block_size), NUM_SPLITS=num_splits, USE_WINDOW=sliding_window is not None,
+        USE_SOFTCAP=softcap is not None, FP32_DOT=query.dtype == torch.float32,
+    )
+    if num_splits > 1:
+        _merge_splits_kernel[(t, hq)](part_acc, part_ml, out, out.stride(0), out.stride(1), t, hq,
+                                      HEAD_DIM=dim, D_PAD=d_pad, NUM_SPLITS=num_splits)
+    return out
+
+
+@triton.jit
+def _write_kv_kernel(key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
+                     stride_kt, stride_kh, stride_vt, stride_vh, stride_cb, stride_cs, stride_ch,
+                     NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, H_PAD: tl.constexpr,
+                     D_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+    t = tl.program_id(0)
+    slot = tl.load(slot_ptr + t)
+    if slot >= 0:
+        h = tl.arange(0, H_PAD)
+        d = tl.arange(0, D_PAD)
+        mask = (h[:, None] < NUM_KV_HEADS) & (d[None, :] < HEAD_DIM)
+        dst = (slot // BLOCK_SIZE) * stride_cb + (slot % BLOCK_SIZE) * stride_cs + h[:, None] * stride_ch + d[None, :]
+        k = tl.load(key_ptr + t * stride_kt + h[:, None] * stride_kh + d[None, :], mask=mask)
+        tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
+        v = tl.load(value_ptr + t * stride_vt + h[:, None] * stride_vh + d[None, :], mask=mask)
+        tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+
+
+def write_kv_triton(key: torch.Tensor, value: torch.Tensor, layer_cache: torch.Tensor,
+                    slot_mapping: torch.Tensor) -> None:
+    """key/value [T, Hkv, D] -> their slots of layer_cache [2, num_blocks, block_size, Hkv, D]; slot -1 skipped."""
+    check_tensor(key, "key", None, 3, None)
+    check_tensor(value, "value", key.dtype, 3, key.device)
+    check_tensor(layer_cache, "layer_cache", None, 5, key.device)
+    check_tensor(slot_mapping, "slot_mapping", torch.int64, 1, key.device)
+    t, hkv, dim = key.shape
+    if value.shape != key.shape or layer_cache.shape[3:] != (hkv, dim) or slot_mapping.shape[0] != t:
+        raise ValueError(f"key {tuple(key.shape)}, value {tuple(value.shape)}, cache {tuple(layer_cache.shape)} "
+                         f"and slot_mapping {tuple(slot_mapping.shape)} do not fit together")
+    if key.stride(-1) != 1 or value.stride(-1) != 1 or layer_cache.stride(-1) != 1:
+        raise ValueError("key, value and layer_cache need a contiguous last (head_dim) dimension")
+    if t == 0:
+        return
+    kc, vc = layer_cache[0], layer_cache[1]
+    _write_kv_kernel[(t,)](key, value, kc, vc, slot_mapping, key.stride(0), key.stride(1), value.stride(0),
+                           value.stride(1), kc.stride(0), kc.stride(1), kc.stride(2), NUM_KV_HEADS=hkv,
+                           HEAD_DIM=dim, H_PAD=triton.next_power_of_2(hkv), D_PAD=triton.next_power_of_2(dim),
+                           BLOCK_SIZE=layer_cache.shape[2])
