@@ -161,6 +161,16 @@ def unified_attention(query: torch.Tensor, layer_cache: torch.Tensor, meta: Atte
                       sliding_window: int | None = None, softcap: float | None = None,
                       num_splits: int = 1) -> torch.Tensor:
     """query [T, Hq, D], layer_cache [2, num_blocks, block_size, Hkv, D] -> [T, Hq, D] (query's dtype)."""
+    return torch.ops.graphrunner.unified_attention(
+        query, layer_cache, meta.query_start_loc, meta.seq_lens, meta.block_table, meta.num_reqs, meta.max_query_len,
+        scale, -1 if sliding_window is None else sliding_window, 0.0 if softcap is None else softcap, num_splits)
+
+
+@torch.library.custom_op("graphrunner::unified_attention", mutates_args=())
+def _unified_attention_op(query: torch.Tensor, layer_cache: torch.Tensor, query_start_loc: torch.Tensor,
+                          seq_lens: torch.Tensor, block_table: torch.Tensor, num_reqs: int, max_query_len: int,
+                          scale: float, sliding_window: int, softcap: float, num_splits: int) -> torch.Tensor:
+    """The kernel as an opaque torch op (sliding_window -1 / softcap 0 = off): torch.compile splits graphs here."""
     check_tensor(query, "query", (torch.float32, torch.bfloat16, torch.float16), 3, None)
     check_tensor(layer_cache, "layer_cache", query.dtype, 5, query.device)
     t, hq, dim = query.shape
@@ -174,10 +184,10 @@ def unified_attention(query: torch.Tensor, layer_cache: torch.Tensor, meta: Atte
     if block_size < 16 and TILE_N % block_size:
         raise ValueError(f"block_size {block_size} must divide {TILE_N}")
     out = torch.empty_like(query)
-    if t == 0 or meta.num_reqs == 0:
+    if t == 0 or num_reqs == 0:
         return out
     group = hq // hkv
-    rows = DECODE_ROWS if meta.max_query_len <= 1 else PREFILL_ROWS
+    rows = DECODE_ROWS if max_query_len <= 1 else PREFILL_ROWS
     block_m = max(rows, triton.next_power_of_2(group))
     block_q = block_m // group
     d_pad = max(16, triton.next_power_of_2(dim))
@@ -187,22 +197,25 @@ def unified_attention(query: torch.Tensor, layer_cache: torch.Tensor, meta: Atte
         part_ml = torch.empty(num_splits * t * hq * 2, dtype=torch.float32, device=query.device)
     else:
         part_acc = part_ml = out  # unused
-    grid = (meta.num_reqs, triton.cdiv(max(meta.max_query_len, 1), block_q), hkv * num_splits)
+    grid = (num_reqs, triton.cdiv(max(max_query_len, 1), block_q), hkv * num_splits)
     _unified_attention_kernel[grid](
-        query, k_cache, v_cache, out, part_acc, part_ml,
-        meta.query_start_loc, meta.seq_lens, meta.block_table,
+        query, k_cache, v_cache, out, part_acc, part_ml, query_start_loc, seq_lens, block_table,
         query.stride(0), query.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0), out.stride(1),
-        meta.block_table.stride(0), t, hq,
-        scale, softcap if softcap is not None else 1.0, sliding_window if sliding_window is not None else 0,
+        block_table.stride(0), t, hq, scale, softcap if softcap > 0 else 1.0, max(sliding_window, 0),
         GROUP=group, HEAD_DIM=dim, D_PAD=d_pad, BLOCK_SIZE=block_size, BLOCK_Q=block_q, BLOCK_M=block_m,
-        TILE=max(TILE_N, block_size), NUM_SPLITS=num_splits, USE_WINDOW=sliding_window is not None,
-        USE_SOFTCAP=softcap is not None, FP32_DOT=query.dtype == torch.float32,
+        TILE=max(TILE_N, block_size), NUM_SPLITS=num_splits, USE_WINDOW=sliding_window >= 0,
+        USE_SOFTCAP=softcap > 0, FP32_DOT=query.dtype == torch.float32,
     )
     if num_splits > 1:
         _merge_splits_kernel[(t, hq)](part_acc, part_ml, out, out.stride(0), out.stride(1), t, hq,
                                       HEAD_DIM=dim, D_PAD=d_pad, NUM_SPLITS=num_splits)
     return out
+
+
+@_unified_attention_op.register_fake
+def _(query: torch.Tensor, *args: object) -> torch.Tensor:
+    return torch.empty_like(query)
 
 
 @triton.jit
