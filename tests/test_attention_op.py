@@ -39,3 +39,36 @@ def test_compile_keeps_attention_opaque() -> None:
     compiled = torch.compile(step, backend=backend, fullgraph=True)
     torch.testing.assert_close(compiled(q), step(q))
     assert sum("graphrunner.unified_attention" in s for s in seen) == 1, seen
+
+
+def test_whole_model_compiles_with_one_opaque_attention_per_layer(tmp_path: object) -> None:
+    from pathlib import Path
+
+    from tiny_models import make_tiny_model
+
+    from graphrunner.attention import forward_context
+    from graphrunner.config import ModelConfig
+    from graphrunner.loader import load_model
+
+    model_dir = make_tiny_model(Path(str(tmp_path)), "Qwen3ForCausalLM")
+    cfg = ModelConfig.from_dir(model_dir)
+    model = load_model(model_dir, cfg, torch.float32, torch.device("cpu"))
+    graphs: list[list[str]] = []
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list) -> object:
+        graphs.append([str(n.target) for n in gm.graph.nodes if n.op == "call_function"])
+        return gm.forward
+
+    compiled = torch.compile(model, backend=backend, fullgraph=True, dynamic=True)
+    for lens in ([5, 3], [1, 1, 7]):  # two steps with different shapes and metadata
+        ids = torch.arange(sum(lens)) % cfg.vocab_size
+        pos = torch.cat([torch.arange(n) for n in lens])
+        outs = []
+        for fn in (model, compiled):
+            meta, kv = contiguous_batch(lens, lens, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, 16,
+                                        torch.float32, "cpu")
+            with torch.inference_mode(), forward_context(meta, kv):
+                outs.append(fn(ids, pos))
+        torch.testing.assert_close(outs[1], outs[0])
+    assert len(graphs) == 1, "metadata lives in the forward context: a new step must not recompile"
+    assert sum("graphrunner.paged_attention" in t for t in graphs[0]) == cfg.num_layers

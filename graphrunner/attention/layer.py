@@ -1,8 +1,10 @@
 """The attention layer models call: writes this step's K/V into the paged cache, then attends.
 
-It reads the step's metadata, the KV cache and the backend from the forward context, so the
-model's forward keeps a plain `(input_ids, positions)` signature. Backends: the PyTorch reference
-(default) and the Triton unified paged-attention kernel (opt-in until verified on the GPU).
+The work happens inside one torch custom op, `graphrunner::paged_attention(q, k, v, layer_idx,
+...)`, which reads the step's metadata, the KV cache and the backend from the forward context at
+run time. The model's forward therefore keeps a plain `(input_ids, positions)` signature, and
+torch.compile sees attention as one opaque call per layer: the place where piecewise graphs split.
+Backends: the PyTorch reference (default) and the Triton unified kernel (opt-in).
 """
 
 from __future__ import annotations
@@ -13,6 +15,41 @@ from torch import nn
 from graphrunner.attention.context import get_forward_context
 from graphrunner.attention.reference import paged_attention_ref, write_kv_ref
 from graphrunner.attention.triton_attention import choose_num_splits, unified_attention, write_kv_triton
+
+
+@torch.library.custom_op("graphrunner::paged_attention", mutates_args=())
+def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_idx: int, num_heads: int,
+                    num_kv_heads: int, head_dim: int, scale: float, sliding_window: int) -> torch.Tensor:
+    """q [T, Hq*D], k/v [T, Hkv*D] -> [T, Hq*D]; writes k/v into layer `layer_idx` of the context's cache.
+
+    sliding_window -1 = none. The cache write is a side effect on context state the compiler never
+    sees; layers stay ordered because each layer's input depends on the previous one's output.
+    """
+    ctx = get_forward_context()
+    meta = ctx.meta
+    layer_cache = ctx.kv_cache[layer_idx]  # [2, num_blocks, block_size, Hkv, D]
+    t = q.shape[0]
+    q3 = q.view(t, num_heads, head_dim)
+    k3 = k.view(t, num_kv_heads, head_dim)
+    v3 = v.view(t, num_kv_heads, head_dim)
+    window = None if sliding_window < 0 else sliding_window
+    if ctx.backend == "triton":
+        write_kv_triton(k3, v3, layer_cache, meta.slot_mapping)
+        splits = meta.backend_cache.get("num_splits")
+        if splits is None:  # one choice per step, shared by every layer
+            decode_only = meta.max_query_len <= 1
+            splits = choose_num_splits(meta.num_reqs, num_kv_heads, meta.max_seq_len) if decode_only else 1
+            meta.backend_cache["num_splits"] = splits
+        out = unified_attention(q3, layer_cache, meta, scale, window, num_splits=splits)
+    else:
+        write_kv_ref(k3, v3, layer_cache, meta.slot_mapping)
+        out = paged_attention_ref(q3, layer_cache, meta, scale, window)
+    return out.reshape(t, num_heads * head_dim)
+
+
+@paged_attention.register_fake
+def _(q: torch.Tensor, *args: object) -> torch.Tensor:
+    return torch.empty_like(q)
 
 
 class Attention(nn.Module):
@@ -32,22 +69,6 @@ class Attention(nn.Module):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q [T, Hq*D], k/v [T, Hkv*D] -> [T, Hq*D]."""
-        ctx = get_forward_context()
-        layer_cache = ctx.kv_cache[self.layer_idx]  # [2, num_blocks, block_size, Hkv, D]
-        meta = ctx.meta
-        t = q.shape[0]
-        q3 = q.view(t, self.num_heads, self.head_dim)
-        k3 = k.view(t, self.num_kv_heads, self.head_dim)
-        v3 = v.view(t, self.num_kv_heads, self.head_dim)
-        if ctx.backend == "triton":
-            write_kv_triton(k3, v3, layer_cache, meta.slot_mapping)
-            splits = meta.backend_cache.get("num_splits")
-            if splits is None:  # one choice per step, shared by every layer
-                decode_only = meta.max_query_len <= 1
-                splits = choose_num_splits(meta.num_reqs, self.num_kv_heads, meta.max_seq_len) if decode_only else 1
-                meta.backend_cache["num_splits"] = splits
-            out = unified_attention(q3, layer_cache, meta, self.scale, self.sliding_window, num_splits=splits)
-        else:
-            write_kv_ref(k3, v3, layer_cache, meta.slot_mapping)
-            out = paged_attention_ref(q3, layer_cache, meta, self.scale, self.sliding_window)
-        return out.reshape(t, self.num_heads * self.head_dim)
+        window = -1 if self.sliding_window is None else self.sliding_window
+        return torch.ops.graphrunner.paged_attention(q, k, v, self.layer_idx, self.num_heads, self.num_kv_heads,
+                                                     self.head_dim, self.scale, window)
