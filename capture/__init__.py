@@ -1,7 +1,8 @@
 """CUDA-graph capture, the piecewise torch.compile backend and precompiled artifacts.
 
-Built so far: `capture.piecewise.PiecewiseBackend`, which splits the model's graph at every
-attention op and compiles the pieces with Inductor (checked on CPU). Not built yet: CUDA-graph
-capture per bucket, the FULL decode graphs, the capture manager and precompilation; every step
-still runs eagerly.
+Built so far: `piecewise.PiecewiseBackend` (the model's graph split at every attention op, pieces
+compiled by Inductor), `compiled` (compiling the engine's model from a precompiled directory, and
+`graphrunner precompile`), `manifest` (refusing a cache built for another setup). Checked on CPU.
+Not built yet: CUDA-graph capture per bucket, FULL decode graphs and the capture manager; without
+a compile cache every step runs eagerly.
 """

@@ -42,6 +42,10 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
     gen.add_argument("--ignore-eos", action="store_true")
     gen.add_argument("--n", type=int, default=1, help="completions per prompt")
+    gen.add_argument("--compile-cache", default=None, help="a `graphrunner precompile` output directory")
+    pre = sub.add_parser("precompile", help="compile the model offline into a cache directory")
+    _add_engine_args(pre)
+    pre.add_argument("--out", required=True, help="directory for the compiled artifacts and manifest")
     return parser
 
 
@@ -55,12 +59,26 @@ def _generate(args: argparse.Namespace) -> int:
     llm = LLM(model=args.model, dtype=args.dtype, device=args.device, seed=args.seed, max_model_len=args.max_model_len,
               max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
               num_gpu_blocks_override=args.num_gpu_blocks_override,
-              gpu_memory_utilization=args.gpu_memory_utilization)
+              gpu_memory_utilization=args.gpu_memory_utilization, compile_cache=args.compile_cache)
     outputs = llm.generate(args.prompts, params, use_tqdm=len(args.prompts) > 1)
     for out in outputs:
         for comp in out.outputs:
             print(f"{out.prompt}{comp.text}")
             print(f"  [{len(comp.token_ids)} tokens, finish_reason={comp.finish_reason}]")
+    return 0
+
+
+def _precompile(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from capture.compiled import precompile
+    from graphrunner.engine_args import build_engine_config
+
+    config = build_engine_config(model=args.model, dtype=args.dtype, device=args.device, seed=args.seed,
+                                 max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
+                                 max_num_batched_tokens=args.max_num_batched_tokens)
+    seconds = precompile(config, Path(args.out))
+    print(f"precompiled {config.model_dir} for {config.device} ({config.dtype}) into {args.out} in {seconds:.1f} s")
     return 0
 
 
@@ -70,6 +88,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "generate":
             return _generate(args)
+        if args.command == "precompile":
+            return _precompile(args)
     except ValueError as exc:
         print(f"graphrunner: error: {exc}", file=sys.stderr)
         return 2

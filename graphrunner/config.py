@@ -194,6 +194,7 @@ class EngineConfig:
     use_triton: bool = False  # device-side prep/sampling kernels; False = the PyTorch references
     logprobs_mode: str = "raw_logprobs"  # or "processed_logprobs" (after penalties, temperature, filters)
     attention_backend: str = "reference"  # or "triton" (opt-in until verified on the GPU)
+    compile_cache: Path | None = None  # a `graphrunner precompile` directory: compile the model from it
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -201,5 +202,7 @@ class EngineConfig:
             raise ValueError(f"logprobs_mode must be 'raw_logprobs' or 'processed_logprobs', got {self.logprobs_mode!r}")
         if self.attention_backend not in ("reference", "triton"):
             raise ValueError(f"attention_backend must be 'reference' or 'triton', got {self.attention_backend!r}")
+        if self.compile_cache is not None and self.enforce_eager:
+            raise ValueError("compile_cache and enforce_eager=True contradict each other: pick one")
         if self.attention_backend == "triton" and self.device.type != "cuda" and not os.environ.get("TRITON_INTERPRET"):
             raise ValueError("attention_backend='triton' on CPU needs TRITON_INTERPRET=1 (Triton's interpreter)")

@@ -51,6 +51,7 @@ def build_engine_config(
     use_triton: bool | None = None,
     logprobs_mode: str = "raw_logprobs",
     attention_backend: str = "reference",
+    compile_cache: str | Path | None = None,
 ) -> EngineConfig:
     model_dir = Path(model) if model is not None else default_model_dir()
     if not model_dir.is_dir():
@@ -79,4 +80,5 @@ def build_engine_config(
         use_triton=(dev.type == "cuda") if use_triton is None else use_triton,
         logprobs_mode=logprobs_mode,
         attention_backend=attention_backend,
+        compile_cache=Path(compile_cache) if compile_cache is not None else None,
     )

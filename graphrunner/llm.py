@@ -52,14 +52,13 @@ class LLM:
         logprobs_mode: str = "raw_logprobs",
         attention_backend: str = "reference",
     ) -> None:
-        if compile_cache is not None:
-            raise ValueError("compile_cache is not supported yet: CUDA-graph capture and precompilation are not built")
         self.config = build_engine_config(
             model=model, tokenizer=tokenizer, dtype=dtype, seed=seed, max_model_len=max_model_len,
             max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, block_size=block_size,
             gpu_memory_utilization=gpu_memory_utilization, num_gpu_blocks_override=num_gpu_blocks_override,
             enforce_eager=enforce_eager, enable_prefix_caching=enable_prefix_caching, device=device,
             use_triton=use_triton, logprobs_mode=logprobs_mode, attention_backend=attention_backend,
+            compile_cache=compile_cache,
         )
         self.engine = Engine(self.config)
 

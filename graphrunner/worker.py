@@ -66,6 +66,10 @@ def build_runner(config: EngineConfig) -> tuple[ModelRunner, int]:
     """Load the model and allocate everything the runner needs; returns (runner, num KV blocks)."""
     model = load_model(config.model_dir, config.model, config.dtype, config.device)
     num_blocks = choose_num_blocks(model, config)
+    if config.compile_cache is not None:
+        from capture.compiled import prepare_compiled_model  # capture builds on graphrunner: import late
+
+        model = prepare_compiled_model(model, config)
     kv = allocate_kv_cache(config.model, num_blocks, config.cache.block_size, config.dtype, config.device)
     sc = config.scheduler
     state = StateTable(sc.max_num_seqs, sc.max_model_len, blocks_needed(sc.max_model_len, config.cache.block_size),

@@ -1,0 +1,75 @@
+"""Compiling the model with the piecewise backend, offline precompilation, and warm starts.
+
+`precompile()` compiles every piece for the token-count specialisations a run will meet and
+leaves Inductor's (and Triton's) caches plus a manifest in one directory; an engine given that
+directory checks the manifest, points the caches at it, and compiles from cache hits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from capture.manifest import MANIFEST_NAME, Manifest
+from capture.piecewise import PiecewiseBackend
+from graphrunner.config import EngineConfig
+
+# Dynamo specialises token counts 0 and 1, and Inductor's cache keys of a symbolic graph can depend
+# on the size hint it was first traced with: precompile serves requests with prompts of these
+# lengths one after another (re-tracing for each), then single-token decodes.
+WARMUP_TOKEN_COUNTS = (1, 3, 4, 16, 17, 64)
+
+
+def use_compile_cache(cache_dir: Path) -> None:
+    """Point Inductor's and Triton's on-disk caches at cache_dir (before anything is compiled)."""
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir / "inductor")
+    os.environ["TRITON_CACHE_DIR"] = str(cache_dir / "triton")
+    torch._inductor.config.fx_graph_cache = True
+
+
+def compile_model(model: nn.Module) -> nn.Module:
+    """The model behind torch.compile with the piecewise backend (attention stays outside the pieces)."""
+    return torch.compile(model, backend=PiecewiseBackend(), fullgraph=True, dynamic=True)
+
+
+def prepare_compiled_model(model: nn.Module, config: EngineConfig) -> nn.Module:
+    """For an engine: check the cache's manifest against this run, then compile from it."""
+    cache_dir = config.compile_cache
+    assert cache_dir is not None
+    Manifest.load(cache_dir).check_matches(
+        Manifest.current(config.model_dir, config.dtype, config.device, WARMUP_TOKEN_COUNTS), cache_dir)
+    use_compile_cache(cache_dir)
+    return compile_model(model)
+
+
+def precompile(config: EngineConfig, out_dir: Path) -> float:
+    """Compile everything for `config` into out_dir (caches + manifest); returns the seconds it took.
+
+    The compile happens inside a real engine serving short requests, so the cached graphs are
+    exactly the ones a later run asks for (same input layouts, the token-count variants above).
+    """
+    from graphrunner.engine import Engine
+    from graphrunner.sampling_params import SamplingParams
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    manifest = Manifest.current(config.model_dir, config.dtype, config.device, WARMUP_TOKEN_COUNTS)
+    manifest.save(out_dir)
+    try:
+        engine = Engine(dataclasses.replace(config, compile_cache=out_dir))
+        for count in WARMUP_TOKEN_COUNTS[1:]:
+            # A fresh Dynamo state per count: the graph is re-traced with this count as its size hint,
+            # so hint-dependent variants of the pieces land in the cache too.
+            torch._dynamo.reset()
+            engine.add_request({"prompt_token_ids": [0] * count}, SamplingParams(temperature=0.0, max_tokens=2))
+            while engine.has_unfinished():
+                engine.step()
+    except BaseException:
+        (out_dir / MANIFEST_NAME).unlink(missing_ok=True)  # a half-built cache must not look valid
+        raise
+    return time.perf_counter() - start

@@ -1,0 +1,83 @@
+"""Offline precompilation on CPU (Inductor C++): a manifest that does not match this run is refused
+naming the field; a precompiled directory gives a warm start that compiles from cache hits only and
+generates the same tokens as eager.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from tiny_models import make_tiny_model
+
+from capture.manifest import MANIFEST_NAME, Manifest
+from graphrunner import LLM
+
+WARM_SCRIPT = """
+import json, sys
+from torch._dynamo.utils import counters
+from graphrunner import LLM, SamplingParams
+llm = LLM(model=sys.argv[1], compile_cache=sys.argv[2], num_gpu_blocks_override=64, max_model_len=256)
+out = llm.generate([[5, 6, 7, 8, 9]], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))[0]
+print(json.dumps({"tokens": out.outputs[0].token_ids, "inductor": dict(counters["inductor"])}))
+"""
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_model(tmp_path_factory.mktemp("precompile"), "Qwen3ForCausalLM")
+
+
+def _manifest_dir(tmp_path: Path, model_dir: Path, **changes: object) -> Path:
+    manifest = Manifest.current(model_dir, torch.float32, torch.device("cpu"), (1, 3))
+    dataclasses.replace(manifest, **changes).save(tmp_path)
+    return tmp_path
+
+
+@pytest.mark.parametrize(("changes", "field"), [
+    ({"torch_version": "1.0.0"}, "torch_version"),
+    ({"device_name": "NVIDIA H200", "device_capability": "9.0"}, "device_name"),
+    ({"model_hash": "0" * 64}, "model_hash"),
+    ({"capture_sizes": (1, 2, 4)}, "capture_sizes"),
+])
+def test_mismatched_manifest_is_refused_naming_the_field(tmp_path: Path, model_dir: Path, changes: dict,
+                                                         field: str) -> None:
+    cache = _manifest_dir(tmp_path, model_dir, **changes)
+    with pytest.raises(ValueError, match=f"different setup.*{field}: cache has"):
+        LLM(model=model_dir, compile_cache=cache, num_gpu_blocks_override=16)
+
+
+def test_dtype_mismatch_and_missing_manifest_are_refused(tmp_path: Path, model_dir: Path) -> None:
+    cache = _manifest_dir(tmp_path, model_dir)
+    with pytest.raises(ValueError, match="dtype: cache has 'float32', this run has 'bfloat16'"):
+        LLM(model=model_dir, compile_cache=cache, dtype="bfloat16", num_gpu_blocks_override=16)
+    (cache / MANIFEST_NAME).unlink()
+    with pytest.raises(ValueError, match="has no manifest.json"):
+        LLM(model=model_dir, compile_cache=cache, num_gpu_blocks_override=16)
+    with pytest.raises(ValueError, match="contradict"):
+        LLM(model=model_dir, compile_cache=cache, enforce_eager=True)
+
+
+def test_precompile_then_warm_start_hits_the_cache(tmp_path: Path, model_dir: Path) -> None:
+    cache = tmp_path / "cache"
+    pre = subprocess.run([sys.executable, "-m", "graphrunner", "precompile", "--model", str(model_dir), "--out",
+                          str(cache), "--max-model-len", "256"], capture_output=True, text=True, timeout=600,
+                         check=False)
+    assert pre.returncode == 0, pre.stderr
+    assert json.loads((cache / MANIFEST_NAME).read_text())["device_name"] == "cpu"
+    warm = subprocess.run([sys.executable, "-c", WARM_SCRIPT, str(model_dir), str(cache)], capture_output=True,
+                          text=True, timeout=600, check=False)
+    assert warm.returncode == 0, warm.stderr
+    result = json.loads(warm.stdout.strip().splitlines()[-1])
+    assert result["inductor"].get("fxgraph_cache_miss", 0) == 0, result["inductor"]
+    assert result["inductor"].get("fxgraph_cache_hit", 0) > 0, result["inductor"]
+    eager = LLM(model=model_dir, num_gpu_blocks_override=64, max_model_len=256)
+    from graphrunner import SamplingParams
+
+    expected = eager.generate([[5, 6, 7, 8, 9]], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))[0]
+    assert result["tokens"] == expected.outputs[0].token_ids
