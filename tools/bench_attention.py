@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -28,19 +27,7 @@ FLUSH_BYTES = 256 << 20  # written between timed calls so no K/V is served from 
 def time_ms(fn: Callable[[], Any], iters: int, warmup: int, flush: torch.Tensor) -> float:
     """Median CUDA-event milliseconds of fn() over `iters` calls, each after an L2 flush. The flush also keeps the
     GPU busy while the host enqueues fn, so host-side launch overhead is hidden (device time is measured)."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        flush.zero_()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    return bench_common.median_ms(fn, torch.device("cuda"), iters, warmup, before=flush.zero_)
 
 
 def measure_peaks(flush: torch.Tensor, nbytes: int = 2 << 30, n: int = 8192) -> dict[str, float]:

@@ -71,6 +71,31 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def median_ms(fn: Callable[[], Any], device: torch.device, iters: int, warmup: int = 3,
+              before: Callable[[], Any] | None = None) -> float:
+    """Median milliseconds of fn() over `iters` calls after `warmup` (CUDA events on a GPU, wall clock
+    on CPU); `before` runs untimed ahead of each call (e.g. an L2 flush)."""
+    for _ in range(warmup):
+        fn()
+    synchronize(device)
+    times = []
+    for _ in range(iters):
+        if before is not None:
+            before()
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
 def timed(fn: Callable[[], Any], device: torch.device) -> float:
     """Wall seconds of fn(), with the device drained before and after."""
     synchronize(device)

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
-from collections.abc import Callable
 
 import torch
+from bench_common import median_ms
 
 from graphrunner.sampling.batch import RequestSampling, SampleEntry, build_sampling_batch
 from graphrunner.sampling.sampler import run_sampler
@@ -27,26 +26,6 @@ SETTINGS: dict[str, dict] = {
     "penalties": {"temperature": 0.8, "repetition_penalty": 1.1, "frequency_penalty": 0.2},
     "logprobs=5": {"temperature": 0.8, "logprobs": 5},
 }
-
-
-def _time(fn: Callable[[], object], device: torch.device, iters: int) -> float:
-    """Median milliseconds per call."""
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(iters):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
 
 
 def _peer(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
@@ -78,8 +57,8 @@ def run(batch_sizes: list[int], vocab: int, iters: int, device: torch.device, us
             idx = torch.arange(bs, dtype=torch.int32, device=device)
             entries = [SampleEntry(r, params, RequestSampling(), 0) for r in range(bs)]
             sbatch = build_sampling_batch(entries, idx, device)
-            ours = _time(lambda x=logits, b=sbatch: run_sampler(x.clone(), b, state, use_triton), device, iters)
-            peer = _time(lambda x=logits, p=params: _peer(x.clone(), p), device, iters)
+            ours = median_ms(lambda x=logits, b=sbatch: run_sampler(x.clone(), b, state, use_triton), device, iters)
+            peer = median_ms(lambda x=logits, p=params: _peer(x.clone(), p), device, iters)
             rows.append({"batch": bs, "vocab": vocab, "setting": name, "ours_ms": ours, "peer_ms": peer,
                          "speedup": peer / ours})
             print(f"  b={bs:<4} {name:<12} ours {ours:8.3f} ms   torch {peer:8.3f} ms   {peer / ours:5.2f}x",
