@@ -195,7 +195,6 @@ class EngineConfig:
     logprobs_mode: str = "raw_logprobs"  # or "processed_logprobs" (after penalties, temperature, filters)
     attention_backend: str = "reference"  # or "triton" (opt-in until verified on the GPU)
     compile_cache: Path | None = None  # a `graphrunner precompile` directory: compile the model from it
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.logprobs_mode not in ("raw_logprobs", "processed_logprobs"):
