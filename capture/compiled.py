@@ -32,19 +32,21 @@ def use_compile_cache(cache_dir: Path) -> None:
     torch._inductor.config.fx_graph_cache = True
 
 
-def compile_model(model: nn.Module) -> nn.Module:
+def compile_model(model: nn.Module, backend: PiecewiseBackend | None = None) -> nn.Module:
     """The model behind torch.compile with the piecewise backend (attention stays outside the pieces)."""
-    return torch.compile(model, backend=PiecewiseBackend(), fullgraph=True, dynamic=True)
+    return torch.compile(model, backend=backend or PiecewiseBackend(), fullgraph=True, dynamic=True)
 
 
-def prepare_compiled_model(model: nn.Module, config: EngineConfig) -> nn.Module:
-    """For an engine: check the cache's manifest against this run, then compile from it."""
+def prepare_compiled_model(model: nn.Module, config: EngineConfig) -> tuple[nn.Module, PiecewiseBackend]:
+    """For an engine: with a compile cache, check its manifest against this run and point the caches at it;
+    then compile. Returns the compiled model and its backend (which lists the pieces it made)."""
     cache_dir = config.compile_cache
-    assert cache_dir is not None
-    Manifest.load(cache_dir).check_matches(
-        Manifest.current(config.model_dir, config.dtype, config.device, WARMUP_TOKEN_COUNTS), cache_dir)
-    use_compile_cache(cache_dir)
-    return compile_model(model)
+    if cache_dir is not None:
+        Manifest.load(cache_dir).check_matches(
+            Manifest.current(config.model_dir, config.dtype, config.device, WARMUP_TOKEN_COUNTS), cache_dir)
+        use_compile_cache(cache_dir)
+    backend = PiecewiseBackend()
+    return compile_model(model, backend), backend
 
 
 def precompile(config: EngineConfig, out_dir: Path) -> float:

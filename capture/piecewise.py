@@ -3,7 +3,7 @@ the pieces between attention calls are compiled by Inductor, attention runs eage
 
 This is the PIECEWISE mode's compiler half: any mix of prefill and decode can run through the
 compiled pieces because attention, the only step that depends on the batch's layout, stays outside
-them. (Capturing each piece as a CUDA graph per token-count bucket builds on this.)
+them. Each compiled piece sits in a GraphPiece (capture/cuda_piece.py), which adds its CUDA graphs.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.fx.passes.split_module import split_module
 
 import graphrunner.attention.layer  # noqa: F401  (registers torch.ops.graphrunner.paged_attention)
+from capture.cuda_piece import GraphPiece
 
 SPLIT_OPS = (torch.ops.graphrunner.paged_attention, torch.ops.graphrunner.paged_attention.default)
 
@@ -59,6 +60,7 @@ class PiecewiseBackend:
     compile_piece: Callable[[fx.GraphModule, list[Any]], Callable[..., Any]] | None = None
     pieces: list[str] = field(default_factory=list)           # compute pieces of the last graph compiled
     attention_pieces: list[str] = field(default_factory=list)
+    graph_pieces: list[GraphPiece] = field(default_factory=list)  # of every graph compiled (one per Dynamo variant)
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
         split, compute, attention = split_at_attention(gm)
@@ -74,7 +76,9 @@ class PiecewiseBackend:
         with fake_mode:
             _PieceCompiler(split, set(compute), compile_piece, compiled).run(*fake_args)
         for name in compute:
-            setattr(split, name, _Piece(compiled[name]))
+            piece = GraphPiece(compiled[name], name)
+            self.graph_pieces.append(piece)
+            setattr(split, name, piece)
         return split
 
 
@@ -94,17 +98,6 @@ class _PieceCompiler(fx.Interpreter):
         if target in self.compute:
             self.out[target] = self.compile_piece(self.fetch_attr(target), list(args))
         return result
-
-
-class _Piece(torch.nn.Module):
-    """Holds a compiled callable where split_module expects a submodule."""
-
-    def __init__(self, fn: Callable[..., Any]) -> None:
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *args: Any) -> Any:
-        return self.fn(*args)
 
 
 def _inductor_piece(piece: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:

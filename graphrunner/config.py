@@ -193,7 +193,7 @@ class EngineConfig:
     enable_prefix_caching: bool = False
     use_triton: bool = False  # device-side prep/sampling kernels; False = the PyTorch references
     logprobs_mode: str = "raw_logprobs"  # or "processed_logprobs" (after penalties, temperature, filters)
-    attention_backend: str = "reference"  # or "triton" (opt-in until verified on the GPU)
+    attention_backend: str = "reference"  # or "triton" (engine_args picks triton on CUDA)
     compile_cache: Path | None = None  # a `graphrunner precompile` directory: compile the model from it
 
     def __post_init__(self) -> None:

@@ -50,7 +50,7 @@ def build_engine_config(
     device: str | torch.device | None = None,
     use_triton: bool | None = None,
     logprobs_mode: str = "raw_logprobs",
-    attention_backend: str = "reference",
+    attention_backend: str | None = None,
     compile_cache: str | Path | None = None,
 ) -> EngineConfig:
     model_dir = Path(model) if model is not None else default_model_dir()
@@ -79,6 +79,6 @@ def build_engine_config(
         enable_prefix_caching=enable_prefix_caching,
         use_triton=(dev.type == "cuda") if use_triton is None else use_triton,
         logprobs_mode=logprobs_mode,
-        attention_backend=attention_backend,
+        attention_backend=attention_backend or ("triton" if dev.type == "cuda" else "reference"),
         compile_cache=Path(compile_cache) if compile_cache is not None else None,
     )

@@ -29,6 +29,29 @@ class StepInputs:
     logits_indices: Tensor  # [B] int64, index of each request's last scheduled token
 
 
+class StepBuffers:
+    """Persistent step-input tensors at their largest sizes; each step writes views of them, so a
+    captured CUDA graph (and the model's first compiled piece) always reads the same addresses."""
+
+    def __init__(self, max_reqs: int, max_tokens: int, max_block_cols: int, device: torch.device) -> None:
+        i32, i64 = {"dtype": torch.int32, "device": device}, {"dtype": torch.int64, "device": device}
+        self.input_ids = torch.zeros(max_tokens, **i64)             # [T_max] int64
+        self.positions = torch.zeros(max_tokens, **i64)             # [T_max] int64
+        self.query_start_loc = torch.zeros(max_reqs + 1, **i32)     # [B_max + 1] int32
+        self.seq_lens = torch.zeros(max_reqs, **i32)                # [B_max] int32
+        self.slot_mapping = torch.full((max_tokens,), -1, **i64)    # [T_max] int64
+        self.block_table = torch.zeros(max_reqs * max_block_cols, **i32)  # [B_max * C_max] int32, viewed [B, C]
+        self.logits_indices = torch.zeros(max_reqs, **i64)          # [B_max] int64
+
+    def views(self, num_reqs: int, num_tokens: int, num_block_cols: int) -> StepInputs:
+        if num_tokens > self.input_ids.shape[0] or num_reqs > self.seq_lens.shape[0]:
+            raise ValueError(f"a step of {num_reqs} requests / {num_tokens} tokens exceeds the step buffers "
+                             f"({self.seq_lens.shape[0]} / {self.input_ids.shape[0]})")
+        return StepInputs(self.input_ids[:num_tokens], self.positions[:num_tokens],
+                          self.query_start_loc[:num_reqs + 1], self.seq_lens[:num_reqs],
+                          self.slot_mapping[:num_tokens],
+                          self.block_table[:num_reqs * num_block_cols].view(num_reqs, num_block_cols),
+                          self.logits_indices[:num_reqs])
 
 
 def _check_args(
@@ -84,7 +107,7 @@ def prepare_inputs_ref(
     torch.cumsum(num_scheduled, dim=0, dtype=torch.int32, out=query_start_loc[1:])
     nc = num_computed[rows]  # [B] int32
     seq_lens = nc + num_scheduled  # [B] int32
-    logits_indices = query_start_loc[1:].long() - 1  # [B] int64
+    logits_indices = (query_start_loc[1:].long() - 1).clamp(min=0)  # [B] int64; an all-padding batch reads 0
     gathered = block_table[rows, :num_block_cols].contiguous()  # [B, num_block_cols] int32
 
     tok = torch.arange(num_tokens, dtype=torch.int64, device=dev)  # [T] int64
@@ -149,7 +172,7 @@ def _prepare_inputs_kernel(
         n = tl.load(num_sched_ptr + pid)
         nc = tl.load(num_computed_ptr + row)
         tl.store(out_seq_lens_ptr + pid, nc + n)
-        tl.store(out_logits_idx_ptr + pid, (start + n - 1).to(tl.int64))
+        tl.store(out_logits_idx_ptr + pid, tl.maximum(start + n - 1, 0).to(tl.int64))  # all-padding: 0
         tok_row = token_ids_ptr + row * token_ids_stride
         bt_row = block_table_ptr + row * block_table_stride
         for i in range(0, n, BLOCK):
@@ -178,21 +201,23 @@ def prepare_inputs_triton(
     block_size: int,
     num_tokens: int,
     num_block_cols: int,
+    out: StepInputs | None = None,
 ) -> StepInputs:
-    """Triton version of prepare_inputs: one launch of B + 1 programs."""
+    """Triton version of prepare_inputs: one launch of B + 1 programs (into `out` when given)."""
     _check_args(idx_mapping, num_scheduled, token_ids, num_computed, block_table, block_size, num_tokens, num_block_cols)
     dev = idx_mapping.device
     num_reqs = idx_mapping.shape[0]
     idx_mapping = idx_mapping.contiguous()
     num_scheduled = num_scheduled.contiguous()
     num_computed = num_computed.contiguous()
-    input_ids = torch.empty(num_tokens, dtype=torch.int64, device=dev)  # [T] int64
-    positions = torch.empty(num_tokens, dtype=torch.int64, device=dev)  # [T] int64
-    query_start_loc = torch.empty(num_reqs + 1, dtype=torch.int32, device=dev)  # [B + 1] int32
-    seq_lens = torch.empty(num_reqs, dtype=torch.int32, device=dev)  # [B] int32
-    slot_mapping = torch.empty(num_tokens, dtype=torch.int64, device=dev)  # [T] int64
-    gathered = torch.empty(num_reqs, num_block_cols, dtype=torch.int32, device=dev)  # [B, C] int32
-    logits_indices = torch.empty(num_reqs, dtype=torch.int64, device=dev)  # [B] int64
+    if out is None:
+        i32, i64 = {"dtype": torch.int32, "device": dev}, {"dtype": torch.int64, "device": dev}
+        out = StepInputs(torch.empty(num_tokens, **i64), torch.empty(num_tokens, **i64),
+                         torch.empty(num_reqs + 1, **i32), torch.empty(num_reqs, **i32),
+                         torch.empty(num_tokens, **i64), torch.empty(num_reqs, num_block_cols, **i32),
+                         torch.empty(num_reqs, **i64))
+    input_ids, positions, query_start_loc, seq_lens = out.input_ids, out.positions, out.query_start_loc, out.seq_lens
+    slot_mapping, gathered, logits_indices = out.slot_mapping, out.block_table, out.logits_indices
     _prepare_inputs_kernel[(num_reqs + 1,)](
         idx_mapping, num_scheduled, token_ids, token_ids.stride(0), num_computed, block_table, block_table.stride(0),
         input_ids, positions, query_start_loc, seq_lens, slot_mapping, gathered, max(num_block_cols, 1),
@@ -211,8 +236,17 @@ def prepare_inputs(
     num_tokens: int,
     num_block_cols: int,
     use_triton: bool,
+    out: StepInputs | None = None,
 ) -> StepInputs:
-    """Build this step's inputs on the device. Preconditions (not checked: that would sync): num_tokens >=
-    sum(num_scheduled), num_computed[row] + num_scheduled[b] <= L and the block table covers those positions."""
-    fn = prepare_inputs_triton if use_triton else prepare_inputs_ref
-    return fn(idx_mapping, num_scheduled, token_ids, num_computed, block_table, block_size, num_tokens, num_block_cols)
+    """Build this step's inputs on the device (into `out`, e.g. StepBuffers.views, when given). Preconditions
+    (not checked: that would sync): num_tokens >= sum(num_scheduled), num_computed[row] + num_scheduled[b] <= L
+    and the block table covers those positions."""
+    args = (idx_mapping, num_scheduled, token_ids, num_computed, block_table, block_size, num_tokens, num_block_cols)
+    if use_triton:
+        return prepare_inputs_triton(*args, out=out)
+    ref = prepare_inputs_ref(*args)
+    if out is None:
+        return ref
+    for name in StepInputs.__dataclass_fields__:
+        getattr(out, name).copy_(getattr(ref, name))
+    return out

@@ -50,7 +50,7 @@ class LLM:
         device: str | torch.device | None = None,
         use_triton: bool | None = None,
         logprobs_mode: str = "raw_logprobs",
-        attention_backend: str = "reference",
+        attention_backend: str | None = None,
     ) -> None:
         self.config = build_engine_config(
             model=model, tokenizer=tokenizer, dtype=dtype, seed=seed, max_model_len=max_model_len,

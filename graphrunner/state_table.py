@@ -53,6 +53,10 @@ class StateTable:
                  use_triton: bool) -> None:
         self.device = device
         self.use_triton = use_triton
+        # One extra row, never handed to a request: padded rows of a captured batch point at it. Its
+        # num_tokens (1) stays above num_computed (0), so post_update never appends to it.
+        self.padding_row = max_reqs
+        max_reqs += 1
         i32: dict = {"dtype": torch.int32, "device": device}
         self.token_ids = torch.zeros(max_reqs, max_model_len, **i32)       # [R, L] int32
         self.num_tokens = torch.zeros(max_reqs, **i32)                     # [R] int32
@@ -65,6 +69,7 @@ class StateTable:
         self.floats = torch.zeros(len(_FLOAT_FIELDS), max_reqs, dtype=torch.float32, device=device)
         (self.temperature, self.top_p, self.min_p, self.repetition_penalty, self.presence_penalty,
          self.frequency_penalty) = self.floats.unbind(0)  # views: writes to `floats` show through
+        self.num_tokens[self.padding_row] = 1
         self._tokens = _RaggedStage()
         self._blocks = _RaggedStage()
         self._rows: list[int] = []

@@ -15,6 +15,9 @@ from graphrunner.runner import ModelRunner
 from graphrunner.state_table import StateTable
 
 CPU_KV_CAP_BYTES = 256 << 20  # a laptop-sized default; num_gpu_blocks_override raises it
+# The pool measured with the largest graphs, plus room for the smaller graphs' own outputs and
+# fragmentation when every size is captured into it.
+GRAPH_POOL_MARGIN = 1.25
 
 
 def _profile_peak_bytes(model: torch.nn.Module, config: EngineConfig) -> int:
@@ -34,7 +37,7 @@ def _profile_peak_bytes(model: torch.nn.Module, config: EngineConfig) -> int:
         slot_mapping=torch.full((t,), -1, dtype=torch.int64, device=dev),
         query_lens_cpu=[t], seq_lens_cpu=[t],
     )
-    with torch.inference_mode(), forward_context(meta, kv):
+    with torch.inference_mode(), forward_context(meta, kv, config.attention_backend):
         hidden = model(torch.zeros(t, dtype=torch.int64, device=dev), torch.arange(t, device=dev))
         model.compute_logits(hidden[: sc.max_num_seqs])
     torch.cuda.synchronize(dev)
@@ -44,7 +47,9 @@ def _profile_peak_bytes(model: torch.nn.Module, config: EngineConfig) -> int:
     return peak
 
 
-def choose_num_blocks(model: torch.nn.Module, config: EngineConfig) -> int:
+def choose_num_blocks(config: EngineConfig, peak_bytes: int = 0, reserved_bytes: int = 0) -> int:
+    """KV blocks that fit: on CUDA, what gpu_memory_utilization leaves after the profiled peak and
+    `reserved_bytes` (the CUDA-graph pool); on CPU, a laptop-sized cap."""
     cache, sc = config.cache, config.scheduler
     per_block = kv_bytes_per_block(config.model, cache.block_size, config.dtype)
     if cache.num_blocks is not None:
@@ -52,28 +57,59 @@ def choose_num_blocks(model: torch.nn.Module, config: EngineConfig) -> int:
     want = sc.max_num_seqs * blocks_needed(sc.max_model_len, cache.block_size) + 1
     if config.device.type != "cuda":
         return max(2, min(want, CPU_KV_CAP_BYTES // per_block))
-    peak = _profile_peak_bytes(model, config)
     _, total = torch.cuda.mem_get_info(config.device)
-    budget = int(total * cache.gpu_memory_utilization) - peak
+    budget = int(total * cache.gpu_memory_utilization) - peak_bytes - reserved_bytes
     num = min(want, budget // per_block)
     if num < 2:
-        raise ValueError(f"no memory left for the KV cache: model + activations take {peak / 2**30:.1f} GiB of "
-                         f"{total * cache.gpu_memory_utilization / 2**30:.1f} GiB; raise gpu_memory_utilization")
+        raise ValueError(f"no memory left for the KV cache: model + activations take {peak_bytes / 2**30:.1f} GiB "
+                         f"and CUDA graphs {reserved_bytes / 2**30:.1f} GiB of "
+                         f"{total * cache.gpu_memory_utilization / 2**30:.1f} GiB; raise gpu_memory_utilization "
+                         f"or pass enforce_eager=True")
     return num
 
 
 def build_runner(config: EngineConfig) -> tuple[ModelRunner, int]:
-    """Load the model and allocate everything the runner needs; returns (runner, num KV blocks)."""
+    """Load (and compile) the model, capture its CUDA graphs and size the KV cache around them; returns
+    (runner, num KV blocks).
+
+    With graphs, the largest graphs are captured first against a placeholder cache to measure the
+    pool, the real cache takes what is left, and then every graph is captured against it (a graph
+    bakes in the cache's address).
+    """
     model = load_model(config.model_dir, config.model, config.dtype, config.device)
-    num_blocks = choose_num_blocks(model, config)
-    if config.compile_cache is not None:
+    use_graphs = config.device.type == "cuda" and not config.enforce_eager
+    backend = None
+    if config.compile_cache is not None or use_graphs:
         from capture.compiled import prepare_compiled_model  # capture builds on graphrunner: import late
 
-        model = prepare_compiled_model(model, config)
-    kv = allocate_kv_cache(config.model, num_blocks, config.cache.block_size, config.dtype, config.device)
-    sc = config.scheduler
-    state = StateTable(sc.max_num_seqs, sc.max_model_len, blocks_needed(sc.max_model_len, config.cache.block_size),
-                       config.device, config.use_triton)
-    runner = ModelRunner(model, kv, state, config.cache.block_size, config.use_triton, config.logprobs_mode,
-                         config.attention_backend)
+        model, backend = prepare_compiled_model(model, config)
+    sc, bs = config.scheduler, config.cache.block_size
+    state = StateTable(sc.max_num_seqs, sc.max_model_len, blocks_needed(sc.max_model_len, bs), config.device,
+                       config.use_triton)
+    placeholder = allocate_kv_cache(config.model, 2, bs, config.dtype, config.device)
+    runner = ModelRunner(model, placeholder, state, bs, config.use_triton, config.logprobs_mode,
+                         config.attention_backend, sc.max_num_batched_tokens)
+    manager = None
+    reserved = 0
+    if use_graphs:
+        from capture.manager import CaptureManager
+        from model_states.registry import get_model_state
+
+        ms = get_model_state(config.model.architecture)(config.model)
+        pieces = backend.graph_pieces if backend is not None else None
+        manager = CaptureManager(runner, pieces, ms.decode_batch_sizes(sc.max_num_seqs),
+                                 ms.token_buckets(sc.max_num_batched_tokens), config.model.num_kv_heads,
+                                 full_graphs=config.attention_backend == "triton")
+    peak = 0
+    if config.device.type == "cuda" and config.cache.num_blocks is None:
+        peak = _profile_peak_bytes(model, config)  # (compiles the model at the largest step first)
+    if manager is not None:
+        manager.capture(largest_only=True)
+        reserved = int(manager.pool_bytes * GRAPH_POOL_MARGIN)
+    num_blocks = choose_num_blocks(config, peak, reserved)
+    runner.kv_cache = allocate_kv_cache(config.model, num_blocks, bs, config.dtype, config.device)
+    del placeholder
+    if manager is not None:
+        manager.capture()
+        runner.graphs = manager
     return runner, num_blocks

@@ -53,8 +53,11 @@ def test_split_keeps_every_attention_call_alone() -> None:
 
     def f(x: torch.Tensor) -> torch.Tensor:
         q = x * 2
-        a = torch.ops.graphrunner.paged_attention(q, q, q, 0, 1, 1, 4, 1.0, -1)
-        return torch.ops.graphrunner.paged_attention(a + 1, a, a, 1, 1, 1, 4, 1.0, -1) - 3
+        a = torch.empty_like(q)
+        torch.ops.graphrunner.paged_attention(q, q, q, a, 0, 1, 1, 4, 1.0, -1)
+        b = torch.empty_like(a)
+        torch.ops.graphrunner.paged_attention(a + 1, a, a, b, 1, 1, 1, 4, 1.0, -1)
+        return b - 3
 
     graph = torch.fx.symbolic_trace(f)
     backend(graph, [torch.zeros(2, 4)])

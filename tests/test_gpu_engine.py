@@ -81,9 +81,11 @@ def _hf_logits(model_dir: Path, ids: list[int]) -> torch.Tensor:
         return model(torch.tensor([ids], device="cuda")).logits[0, -1].float()
 
 
-def test_qwen3_06b_bf16_matches_hf(qwen3_06b_dir: Path) -> None:
+@pytest.mark.parametrize("backend", ["triton", "reference"])
+def test_qwen3_06b_bf16_matches_hf(qwen3_06b_dir: Path, backend: str) -> None:
     prompts = _prompts()
-    llm = LLM(model=qwen3_06b_dir, max_model_len=1024, gpu_memory_utilization=0.5, device="cuda")
+    llm = LLM(model=qwen3_06b_dir, max_model_len=1024, gpu_memory_utilization=0.5, device="cuda",
+              attention_backend=backend)
     ours = [o.outputs[0].token_ids for o in
             llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True))]
     del llm
@@ -103,7 +105,7 @@ def test_qwen3_06b_bf16_matches_hf(qwen3_06b_dir: Path) -> None:
         hf_top5 = _hf_logits(qwen3_06b_dir, prefix).topk(5).indices.tolist()
         our_top5 = _our_logits(qwen3_06b_dir, prefix).topk(5).indices.tolist()
         assert mine[k] in hf_top5 and ref[k] in our_top5, (len(prompt), k, mine[k], ref[k], hf_top5, our_top5)
-    print(f"exact greedy matches: {exact}/{len(prompts)}")
+    print(f"{backend}: exact greedy matches: {exact}/{len(prompts)}")
 
 
 @pytest.mark.parametrize("arch", ["Qwen3ForCausalLM", "LlamaForCausalLM", "Qwen2ForCausalLM"])

@@ -4,7 +4,7 @@ The work happens inside one torch custom op, `graphrunner::paged_attention(q, k,
 ...)`, which reads the step's metadata, the KV cache and the backend from the forward context at
 run time. The model's forward therefore keeps a plain `(input_ids, positions)` signature, and
 torch.compile sees attention as one opaque call per layer: the place where piecewise graphs split.
-Backends: the PyTorch reference (default) and the Triton unified kernel (opt-in).
+Backends: the Triton unified kernel (the default on CUDA) and the PyTorch reference (CPU, tests).
 """
 
 from __future__ import annotations
@@ -17,13 +17,15 @@ from graphrunner.attention.reference import paged_attention_ref, write_kv_ref
 from graphrunner.attention.triton_attention import choose_num_splits, unified_attention, write_kv_triton
 
 
-@torch.library.custom_op("graphrunner::paged_attention", mutates_args=())
-def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_idx: int, num_heads: int,
-                    num_kv_heads: int, head_dim: int, scale: float, sliding_window: int) -> torch.Tensor:
-    """q [T, Hq*D], k/v [T, Hkv*D] -> [T, Hq*D]; writes k/v into layer `layer_idx` of the context's cache.
+@torch.library.custom_op("graphrunner::paged_attention", mutates_args=("out",))
+def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, layer_idx: int,
+                    num_heads: int, num_kv_heads: int, head_dim: int, scale: float, sliding_window: int) -> None:
+    """q [T, Hq*D], k/v [T, Hkv*D] -> out [T, Hq*D]; writes k/v into layer `layer_idx` of the context's cache.
 
-    sliding_window -1 = none. The cache write is a side effect on context state the compiler never
-    sees; layers stay ordered because each layer's input depends on the previous one's output.
+    `out` is allocated by the caller so that, under piecewise CUDA graphs, it lives in the graph of
+    the piece before this call and the piece after reads it at a fixed address. sliding_window -1 =
+    none. The cache write is a side effect on context state the compiler never sees; layers stay
+    ordered because each layer's input depends on the previous one's output.
     """
     ctx = get_forward_context()
     meta = ctx.meta
@@ -36,20 +38,20 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_idx
     if ctx.backend == "triton":
         write_kv_triton(k3, v3, layer_cache, meta.slot_mapping)
         splits = meta.backend_cache.get("num_splits")
-        if splits is None:  # one choice per step, shared by every layer
+        if splits is None:  # one choice per step, shared by every layer (a captured graph sets its own)
             decode_only = meta.max_query_len <= 1
             splits = choose_num_splits(meta.num_reqs, num_kv_heads, meta.max_seq_len) if decode_only else 1
             meta.backend_cache["num_splits"] = splits
-        out = unified_attention(q3, layer_cache, meta, scale, window, num_splits=splits)
+        unified_attention(q3, layer_cache, meta, scale, window, num_splits=splits, out=out.view(t, num_heads, head_dim))
     else:
         write_kv_ref(k3, v3, layer_cache, meta.slot_mapping)
-        out = paged_attention_ref(q3, layer_cache, meta, scale, window)
-    return out.reshape(t, num_heads * head_dim)
+        result = paged_attention_ref(q3, layer_cache, meta, scale, window)
+        out.view(t, num_heads, head_dim).copy_(result)
 
 
 @paged_attention.register_fake
-def _(q: torch.Tensor, *args: object) -> torch.Tensor:
-    return torch.empty_like(q)
+def _(*args: object) -> None:
+    return None
 
 
 class Attention(nn.Module):
@@ -70,5 +72,7 @@ class Attention(nn.Module):
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q [T, Hq*D], k/v [T, Hkv*D] -> [T, Hq*D]."""
         window = -1 if self.sliding_window is None else self.sliding_window
-        return torch.ops.graphrunner.paged_attention(q, k, v, self.layer_idx, self.num_heads, self.num_kv_heads,
-                                                     self.head_dim, self.scale, window)
+        out = torch.empty_like(q)  # [T, Hq*D]
+        torch.ops.graphrunner.paged_attention(q, k, v, out, self.layer_idx, self.num_heads, self.num_kv_heads,
+                                              self.head_dim, self.scale, window)
+        return out

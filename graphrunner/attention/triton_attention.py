@@ -159,11 +159,19 @@ def choose_num_splits(num_reqs: int, num_kv_heads: int, max_seq_len: int) -> int
 
 def unified_attention(query: torch.Tensor, layer_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
                       sliding_window: int | None = None, softcap: float | None = None,
-                      num_splits: int = 1) -> torch.Tensor:
-    """query [T, Hq, D], layer_cache [2, num_blocks, block_size, Hkv, D] -> [T, Hq, D] (query's dtype)."""
-    return torch.ops.graphrunner.unified_attention(
-        query, layer_cache, meta.query_start_loc, meta.seq_lens, meta.block_table, meta.num_reqs, meta.max_query_len,
-        scale, -1 if sliding_window is None else sliding_window, 0.0 if softcap is None else softcap, num_splits)
+                      num_splits: int = 1, out: torch.Tensor | None = None) -> torch.Tensor:
+    """query [T, Hq, D], layer_cache [2, num_blocks, block_size, Hkv, D] -> [T, Hq, D] (query's dtype).
+
+    With `out` ([T, Hq, D], unit stride in D) the result is written there (no allocation); otherwise
+    the call goes through the opaque torch op `graphrunner::unified_attention`."""
+    window, cap = -1 if sliding_window is None else sliding_window, 0.0 if softcap is None else softcap
+    if out is None:
+        return torch.ops.graphrunner.unified_attention(
+            query, layer_cache, meta.query_start_loc, meta.seq_lens, meta.block_table, meta.num_reqs,
+            meta.max_query_len, scale, window, cap, num_splits)
+    _launch(query, layer_cache, meta.query_start_loc, meta.seq_lens, meta.block_table, meta.num_reqs,
+            meta.max_query_len, scale, window, cap, num_splits, out)
+    return out
 
 
 @torch.library.custom_op("graphrunner::unified_attention", mutates_args=())
@@ -171,6 +179,15 @@ def _unified_attention_op(query: torch.Tensor, layer_cache: torch.Tensor, query_
                           seq_lens: torch.Tensor, block_table: torch.Tensor, num_reqs: int, max_query_len: int,
                           scale: float, sliding_window: int, softcap: float, num_splits: int) -> torch.Tensor:
     """The kernel as an opaque torch op (sliding_window -1 / softcap 0 = off): torch.compile splits graphs here."""
+    out = torch.empty_like(query)
+    _launch(query, layer_cache, query_start_loc, seq_lens, block_table, num_reqs, max_query_len, scale,
+            sliding_window, softcap, num_splits, out)
+    return out
+
+
+def _launch(query: torch.Tensor, layer_cache: torch.Tensor, query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
+            block_table: torch.Tensor, num_reqs: int, max_query_len: int, scale: float, sliding_window: int,
+            softcap: float, num_splits: int, out: torch.Tensor) -> None:
     check_tensor(query, "query", (torch.float32, torch.bfloat16, torch.float16), 3, None)
     check_tensor(layer_cache, "layer_cache", query.dtype, 5, query.device)
     t, hq, dim = query.shape
@@ -183,9 +200,10 @@ def _unified_attention_op(query: torch.Tensor, layer_cache: torch.Tensor, query_
         raise ValueError(f"num_splits must be in [1, {MAX_SPLITS}], got {num_splits}")
     if block_size < 16 and TILE_N % block_size:
         raise ValueError(f"block_size {block_size} must divide {TILE_N}")
-    out = torch.empty_like(query)
+    if out.shape != query.shape or out.dtype != query.dtype or out.stride(-1) != 1:
+        raise ValueError(f"out {tuple(out.shape)} {out.dtype} must match query {tuple(query.shape)} {query.dtype}")
     if t == 0 or num_reqs == 0:
-        return out
+        return
     group = hq // hkv
     rows = DECODE_ROWS if max_query_len <= 1 else PREFILL_ROWS
     block_m = max(rows, triton.next_power_of_2(group))
@@ -210,7 +228,6 @@ def _unified_attention_op(query: torch.Tensor, layer_cache: torch.Tensor, query_
     if num_splits > 1:
         _merge_splits_kernel[(t, hq)](part_acc, part_ml, out, out.stride(0), out.stride(1), t, hq,
                                       HEAD_DIM=dim, D_PAD=d_pad, NUM_SPLITS=num_splits)
-    return out
 
 
 @_unified_attention_op.register_fake

@@ -77,6 +77,12 @@ class SamplingBatch:
     allowed: AllowedTokens | None = None
     bad_words: BadWordPrefixes | None = None
 
+    @property
+    def plain(self) -> bool:
+        """Only temperature/argmax sampling is needed: the stage a FULL decode graph contains."""
+        return (self.sparse is None and self.allowed is None and self.bad_words is None and not self.use_penalties
+                and (self.all_greedy or not self.use_filters) and self.num_logprobs < 0)
+
 
 @dataclass
 class SampleEntry:

@@ -1,0 +1,137 @@
+"""The capture manager: captures FULL decode graphs and PIECEWISE piece graphs, largest first, into
+one shared memory pool, and tells the runner per step which of them to use (a GraphDispatcher).
+
+FULL graphs are keyed by (padded batch size, KV splits): long contexts at small batches need the
+split-KV attention, whose grid must be fixed when the graph is captured.
+"""
+
+from __future__ import annotations
+
+import bisect
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+from typing import Any
+
+import torch
+
+from capture.cuda_piece import GraphPiece, fast_capture, piecewise_graphs, weak_alias
+from graphrunner.attention.triton_attention import choose_num_splits
+from graphrunner.runner import ModelRunner
+from graphrunner.step_plan import StepMode, StepPlan
+
+
+class CaptureManager:
+    """Owns every CUDA graph of one runner; implements graphrunner.step_plan.GraphDispatcher."""
+
+    def __init__(self, runner: ModelRunner, pieces: list[GraphPiece] | None, full_sizes: list[int],
+                 token_sizes: list[int], num_kv_heads: int, full_graphs: bool = True) -> None:
+        self.runner = runner
+        self.pieces = pieces  # None: the model is not compiled into pieces, so no PIECEWISE mode
+        self.num_kv_heads = num_kv_heads
+        self.full_sizes = sorted(full_sizes) if full_graphs else []
+        self.token_sizes = sorted(token_sizes) if pieces is not None else []
+        self.pool = torch.cuda.graph_pool_handle()
+        self._full: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, torch.Tensor]]] = {}
+        self.pool_bytes = 0
+        self.capture_seconds = 0.0
+
+    # -- dispatch ----------------------------------------------------------------------------
+    def _long_splits(self, num_reqs: int) -> int:
+        return choose_num_splits(num_reqs, self.num_kv_heads, self.runner.max_model_len)
+
+    def full_keys(self) -> list[tuple[int, int]]:
+        keys = [(p, 1) for p in self.full_sizes]
+        keys += [(p, s) for p in self.full_sizes if (s := self._long_splits(p)) > 1]
+        return sorted(keys, reverse=True)  # largest first: smaller graphs reuse the pool's blocks
+
+    def plan(self, num_reqs: int, num_tokens: int, max_seq_len: int, full_ok: bool) -> StepPlan:
+        if full_ok and self.full_sizes and num_reqs <= self.full_sizes[-1]:
+            p = self.full_sizes[bisect.bisect_left(self.full_sizes, num_reqs)]
+            want = choose_num_splits(p, self.num_kv_heads, max_seq_len)
+            return StepPlan(StepMode.FULL, p, p, self._long_splits(p) if want > 1 else 1)
+        if self.token_sizes and 0 < num_tokens <= self.token_sizes[-1]:
+            return StepPlan(StepMode.PIECEWISE, num_reqs,
+                            self.token_sizes[bisect.bisect_left(self.token_sizes, num_tokens)])
+        return StepPlan(StepMode.EAGER, num_reqs, num_tokens)
+
+    def forward_mode(self, plan: StepPlan) -> Any:
+        if plan.mode is StepMode.PIECEWISE:
+            return piecewise_graphs(plan.num_tokens, self.pool)
+        return nullcontext()
+
+    def replay_full(self, plan: StepPlan) -> tuple[torch.Tensor, torch.Tensor]:
+        graph, outputs = self._full[(plan.num_reqs, plan.num_splits)]
+        graph.replay()
+        return outputs
+
+    # -- capture -----------------------------------------------------------------------------
+    @torch.inference_mode()
+    def capture(self, largest_only: bool = False, progress: bool = True) -> None:
+        """Warm up and capture every size (or only the largest of each kind, to measure the pool)."""
+        token_sizes = sorted(self.token_sizes, reverse=True)
+        full_keys = self.full_keys()
+        if largest_only:
+            token_sizes = token_sizes[:1]
+            full_keys = [k for k in full_keys if k[0] == full_keys[0][0]] if full_keys else []
+        self.drop()
+        free_before = _free_bytes()
+        start = time.perf_counter()
+        with _progress(len(token_sizes) + len(full_keys), progress and not largest_only) as bar, fast_capture():
+            for size in token_sizes:
+                self.runner.dummy_forward(size)  # warm-up: Dynamo variants, Triton autotuning, cuBLAS handles
+                with piecewise_graphs(size, self.pool, capture=True):
+                    self.runner.dummy_forward(size)
+                bar(f"piecewise {size} tokens")
+            for num_reqs, splits in full_keys:
+                self.runner.fill_padding_rows(num_reqs)
+                self.runner.full_decode_body(num_reqs, splits)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=self.pool):
+                    outputs = self.runner.full_decode_body(num_reqs, splits)
+                self._full[(num_reqs, splits)] = (graph, (weak_alias(outputs[0]), weak_alias(outputs[1])))
+                bar(f"full decode {num_reqs} x{splits}")
+        self.capture_seconds = time.perf_counter() - start
+        self.pool_bytes += max(0, free_before - _free_bytes())  # what the pool grew by
+
+    def drop(self) -> None:
+        """Forget every graph (the pool's memory stays reserved for the next capture)."""
+        self._full.clear()
+        for piece in self.pieces or []:
+            piece.drop_graphs()
+
+    @property
+    def num_graphs(self) -> int:
+        return len(self._full) + sum(len(p.graphs) for p in self.pieces or [])
+
+
+def _free_bytes() -> int:
+    """Free device memory once the ordinary allocator's cache is returned (the graph pool keeps its blocks)."""
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    return torch.cuda.mem_get_info()[0]
+
+
+@contextmanager
+def _progress(total: int, show: bool) -> Iterator[Any]:
+    """A tqdm bar on stderr when available (and wanted); a no-op callback otherwise."""
+    bar = None
+    if show and total:
+        try:
+            from tqdm import tqdm
+
+            bar = tqdm(total=total, desc="capturing CUDA graphs", file=sys.stderr, leave=False)
+        except ImportError:
+            bar = None
+
+    def step(label: str) -> None:
+        if bar is not None:
+            bar.set_postfix_str(label, refresh=False)
+            bar.update(1)
+
+    try:
+        yield step
+    finally:
+        if bar is not None:
+            bar.close()
