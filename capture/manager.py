@@ -10,6 +10,7 @@ from __future__ import annotations
 import bisect
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from typing import Any
@@ -32,10 +33,11 @@ class CaptureManager:
         self.num_kv_heads = num_kv_heads
         self.full_sizes = sorted(full_sizes) if full_graphs else []
         self.token_sizes = sorted(token_sizes) if pieces is not None else []
-        self.pool = torch.cuda.graph_pool_handle()
+        self.pool: Any = None  # the shared graph memory pool, made at the first capture
         self._full: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, torch.Tensor]]] = {}
         self.pool_bytes = 0
         self.capture_seconds = 0.0
+        self.mode_counts: Counter[StepMode] = Counter()  # steps planned per mode (tests and benchmarks read it)
 
     # -- dispatch ----------------------------------------------------------------------------
     def _long_splits(self, num_reqs: int) -> int:
@@ -47,6 +49,11 @@ class CaptureManager:
         return sorted(keys, reverse=True)  # largest first: smaller graphs reuse the pool's blocks
 
     def plan(self, num_reqs: int, num_tokens: int, max_seq_len: int, full_ok: bool) -> StepPlan:
+        plan = self._plan(num_reqs, num_tokens, max_seq_len, full_ok)
+        self.mode_counts[plan.mode] += 1
+        return plan
+
+    def _plan(self, num_reqs: int, num_tokens: int, max_seq_len: int, full_ok: bool) -> StepPlan:
         if full_ok and self.full_sizes and num_reqs <= self.full_sizes[-1]:
             p = self.full_sizes[bisect.bisect_left(self.full_sizes, num_reqs)]
             want = choose_num_splits(p, self.num_kv_heads, max_seq_len)
@@ -76,6 +83,8 @@ class CaptureManager:
             token_sizes = token_sizes[:1]
             full_keys = [k for k in full_keys if k[0] == full_keys[0][0]] if full_keys else []
         self.drop()
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
         free_before = _free_bytes()
         start = time.perf_counter()
         with _progress(len(token_sizes) + len(full_keys), progress and not largest_only) as bar, fast_capture():

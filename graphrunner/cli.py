@@ -23,6 +23,8 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-gpu-blocks-override", type=int, default=None)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     p.add_argument("--seed", type=int, default=0, help="engine seed (per-request seeds are drawn from it)")
+    p.add_argument("--enforce-eager", action="store_true", help="no torch.compile, no CUDA graphs")
+    p.add_argument("--cudagraph-mode", default="full_and_piecewise", choices=("full_and_piecewise", "piecewise", "none"))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -59,7 +61,8 @@ def _generate(args: argparse.Namespace) -> int:
     llm = LLM(model=args.model, dtype=args.dtype, device=args.device, seed=args.seed, max_model_len=args.max_model_len,
               max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
               num_gpu_blocks_override=args.num_gpu_blocks_override,
-              gpu_memory_utilization=args.gpu_memory_utilization, compile_cache=args.compile_cache)
+              gpu_memory_utilization=args.gpu_memory_utilization, compile_cache=args.compile_cache,
+              enforce_eager=args.enforce_eager, cudagraph_mode=args.cudagraph_mode)
     outputs = llm.generate(args.prompts, params, use_tqdm=len(args.prompts) > 1)
     for out in outputs:
         for comp in out.outputs:
@@ -76,7 +79,12 @@ def _precompile(args: argparse.Namespace) -> int:
 
     config = build_engine_config(model=args.model, dtype=args.dtype, device=args.device, seed=args.seed,
                                  max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
-                                 max_num_batched_tokens=args.max_num_batched_tokens)
+                                 max_num_batched_tokens=args.max_num_batched_tokens,
+                                 num_gpu_blocks_override=args.num_gpu_blocks_override,
+                                 gpu_memory_utilization=args.gpu_memory_utilization,
+                                 cudagraph_mode=args.cudagraph_mode)
+    if args.enforce_eager:
+        raise SystemExit("precompile compiles the model: --enforce-eager makes no sense here")
     seconds = precompile(config, Path(args.out))
     print(f"precompiled {config.model_dir} for {config.device} ({config.dtype}) into {args.out} in {seconds:.1f} s")
     return 0

@@ -177,6 +177,9 @@ class SchedulerConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
 
+CUDAGRAPH_MODES = ("full_and_piecewise", "piecewise", "none")
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """Everything the engine needs, resolved: paths, device, dtype and the sub-configs."""
@@ -195,12 +198,17 @@ class EngineConfig:
     logprobs_mode: str = "raw_logprobs"  # or "processed_logprobs" (after penalties, temperature, filters)
     attention_backend: str = "reference"  # or "triton" (engine_args picks triton on CUDA)
     compile_cache: Path | None = None  # a `graphrunner precompile` directory: compile the model from it
+    # CUDA only, unless enforce_eager: "full_and_piecewise" (FULL graphs for plain uniform decodes, piecewise
+    # graphs for other steps), "piecewise" (piecewise graphs only) or "none" (compiled, no graphs)
+    cudagraph_mode: str = "full_and_piecewise"
 
     def __post_init__(self) -> None:
         if self.logprobs_mode not in ("raw_logprobs", "processed_logprobs"):
             raise ValueError(f"logprobs_mode must be 'raw_logprobs' or 'processed_logprobs', got {self.logprobs_mode!r}")
         if self.attention_backend not in ("reference", "triton"):
             raise ValueError(f"attention_backend must be 'reference' or 'triton', got {self.attention_backend!r}")
+        if self.cudagraph_mode not in CUDAGRAPH_MODES:
+            raise ValueError(f"cudagraph_mode must be one of {CUDAGRAPH_MODES}, got {self.cudagraph_mode!r}")
         if self.compile_cache is not None and self.enforce_eager:
             raise ValueError("compile_cache and enforce_eager=True contradict each other: pick one")
         if self.attention_backend == "triton" and self.device.type != "cuda" and not os.environ.get("TRITON_INTERPRET"):

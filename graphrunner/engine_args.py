@@ -52,6 +52,7 @@ def build_engine_config(
     logprobs_mode: str = "raw_logprobs",
     attention_backend: str | None = None,
     compile_cache: str | Path | None = None,
+    cudagraph_mode: str = "full_and_piecewise",
 ) -> EngineConfig:
     model_dir = Path(model) if model is not None else default_model_dir()
     if not model_dir.is_dir():
@@ -81,4 +82,5 @@ def build_engine_config(
         logprobs_mode=logprobs_mode,
         attention_backend=attention_backend or ("triton" if dev.type == "cuda" else "reference"),
         compile_cache=Path(compile_cache) if compile_cache is not None else None,
+        cudagraph_mode=cudagraph_mode,
     )

@@ -51,6 +51,7 @@ class LLM:
         use_triton: bool | None = None,
         logprobs_mode: str = "raw_logprobs",
         attention_backend: str | None = None,
+        cudagraph_mode: str = "full_and_piecewise",
     ) -> None:
         self.config = build_engine_config(
             model=model, tokenizer=tokenizer, dtype=dtype, seed=seed, max_model_len=max_model_len,
@@ -58,7 +59,7 @@ class LLM:
             gpu_memory_utilization=gpu_memory_utilization, num_gpu_blocks_override=num_gpu_blocks_override,
             enforce_eager=enforce_eager, enable_prefix_caching=enable_prefix_caching, device=device,
             use_triton=use_triton, logprobs_mode=logprobs_mode, attention_backend=attention_backend,
-            compile_cache=compile_cache,
+            compile_cache=compile_cache, cudagraph_mode=cudagraph_mode,
         )
         self.engine = Engine(self.config)
 

@@ -77,9 +77,10 @@ def build_runner(config: EngineConfig) -> tuple[ModelRunner, int]:
     bakes in the cache's address).
     """
     model = load_model(config.model_dir, config.model, config.dtype, config.device)
-    use_graphs = config.device.type == "cuda" and not config.enforce_eager
+    compile_on_gpu = config.device.type == "cuda" and not config.enforce_eager
+    use_graphs = compile_on_gpu and config.cudagraph_mode != "none"
     backend = None
-    if config.compile_cache is not None or use_graphs:
+    if config.compile_cache is not None or compile_on_gpu:
         from capture.compiled import prepare_compiled_model  # capture builds on graphrunner: import late
 
         model, backend = prepare_compiled_model(model, config)
@@ -99,7 +100,8 @@ def build_runner(config: EngineConfig) -> tuple[ModelRunner, int]:
         pieces = backend.graph_pieces if backend is not None else None
         manager = CaptureManager(runner, pieces, ms.decode_batch_sizes(sc.max_num_seqs),
                                  ms.token_buckets(sc.max_num_batched_tokens), config.model.num_kv_heads,
-                                 full_graphs=config.attention_backend == "triton")
+                                 full_graphs=config.attention_backend == "triton"
+                                 and config.cudagraph_mode == "full_and_piecewise")
     peak = 0
     if config.device.type == "cuda" and config.cache.num_blocks is None:
         peak = _profile_peak_bytes(model, config)  # (compiles the model at the largest step first)

@@ -18,7 +18,7 @@ from graphrunner.config import ModelConfig
 
 # Largest decode batch captured as a full graph and largest piecewise token bucket by default.
 MAX_CAPTURE_BATCH_SIZE = 512
-MAX_TOKEN_BUCKET = 8192
+MAX_TOKEN_BUCKET = 2048  # larger steps are compute-bound: they run compiled, without graphs
 
 
 class ModelState(ABC):

@@ -22,7 +22,8 @@ WARM_SCRIPT = """
 import json, sys
 from torch._dynamo.utils import counters
 from graphrunner import LLM, SamplingParams
-llm = LLM(model=sys.argv[1], compile_cache=sys.argv[2], num_gpu_blocks_override=64, max_model_len=256)
+llm = LLM(model=sys.argv[1], compile_cache=sys.argv[2], num_gpu_blocks_override=64, max_model_len=256,
+          device=sys.argv[3], dtype="float32")
 out = llm.generate([[5, 6, 7, 8, 9]], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))[0]
 print(json.dumps({"tokens": out.outputs[0].token_ids, "inductor": dict(counters["inductor"])}))
 """
@@ -63,20 +64,24 @@ def test_dtype_mismatch_and_missing_manifest_are_refused(tmp_path: Path, model_d
         LLM(model=model_dir, compile_cache=cache, enforce_eager=True)
 
 
-def test_precompile_then_warm_start_hits_the_cache(tmp_path: Path, model_dir: Path) -> None:
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_precompile_then_warm_start_hits_the_cache(tmp_path: Path, model_dir: Path, device: str) -> None:
     cache = tmp_path / "cache"
     pre = subprocess.run([sys.executable, "-m", "graphrunner", "precompile", "--model", str(model_dir), "--out",
-                          str(cache), "--max-model-len", "256"], capture_output=True, text=True, timeout=600,
+                          str(cache), "--max-model-len", "256", "--device", device, "--dtype", "float32",
+                          "--num-gpu-blocks-override", "64"], capture_output=True, text=True, timeout=600,
                          check=False)
     assert pre.returncode == 0, pre.stderr
-    assert json.loads((cache / MANIFEST_NAME).read_text())["device_name"] == "cpu"
-    warm = subprocess.run([sys.executable, "-c", WARM_SCRIPT, str(model_dir), str(cache)], capture_output=True,
-                          text=True, timeout=600, check=False)
+    manifest = json.loads((cache / MANIFEST_NAME).read_text())
+    assert (manifest["device_name"] == "cpu") == (device == "cpu"), manifest
+    warm = subprocess.run([sys.executable, "-c", WARM_SCRIPT, str(model_dir), str(cache), device],
+                          capture_output=True, text=True, timeout=600, check=False)
     assert warm.returncode == 0, warm.stderr
     result = json.loads(warm.stdout.strip().splitlines()[-1])
     assert result["inductor"].get("fxgraph_cache_miss", 0) == 0, result["inductor"]
     assert result["inductor"].get("fxgraph_cache_hit", 0) > 0, result["inductor"]
-    eager = LLM(model=model_dir, num_gpu_blocks_override=64, max_model_len=256)
+    eager = LLM(model=model_dir, num_gpu_blocks_override=64, max_model_len=256, device=device, dtype="float32",
+                enforce_eager=True)
     from graphrunner import SamplingParams
 
     expected = eager.generate([[5, 6, 7, 8, 9]], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))[0]

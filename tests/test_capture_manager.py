@@ -1,0 +1,82 @@
+"""The capture manager's dispatch on CPU (no graphs needed): padding to captured sizes, the split-KV
+variant for long contexts, fall-backs; and the FULL decode body run without a graph (padded rows
+pointing at the padding row) gives the same tokens as the eager step.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tiny_models import make_tiny_model
+
+from capture.manager import CaptureManager
+from graphrunner import LLM, SamplingParams
+from graphrunner.attention.triton_attention import choose_num_splits
+from graphrunner.step_plan import StepMode, StepPlan
+
+
+class _Runner:
+    max_model_len = 4096
+
+
+def _manager(full: bool = True, pieces: list | None = None) -> CaptureManager:
+    return CaptureManager(_Runner(), [] if pieces is None else pieces, [1, 2, 4, 8, 16, 24, 32],  # type: ignore[arg-type]
+                          [1, 2, 4, 8, 16, 32, 64], num_kv_heads=8, full_graphs=full)
+
+
+def test_plan_pads_uniform_decodes_to_full_sizes() -> None:
+    m = _manager()
+    assert m.plan(7, 7, 100, True) == StepPlan(StepMode.FULL, 8, 8, 1)
+    assert m.plan(1, 1, 30, True) == StepPlan(StepMode.FULL, 1, 1, 1)
+    assert m.plan(32, 32, 30, True) == StepPlan(StepMode.FULL, 32, 32, 1)
+    long = m.plan(7, 7, 3000, True)
+    assert long.mode is StepMode.FULL and long.num_splits == choose_num_splits(8, 8, 4096) > 1
+    assert (8, long.num_splits) in m.full_keys()
+
+
+def test_plan_falls_back_to_piecewise_then_eager() -> None:
+    m = _manager()
+    assert m.plan(33, 33, 100, True) == StepPlan(StepMode.PIECEWISE, 33, 64)  # beyond the largest FULL size
+    assert m.plan(5, 20, 100, False) == StepPlan(StepMode.PIECEWISE, 5, 32)   # not a plain decode: no padding rows
+    assert m.plan(3, 65, 100, False) == StepPlan(StepMode.EAGER, 3, 65)       # beyond the largest bucket
+    assert m.mode_counts[StepMode.PIECEWISE] == 2 and m.mode_counts[StepMode.EAGER] == 1
+    assert _manager(full=False).plan(7, 7, 100, True) == StepPlan(StepMode.PIECEWISE, 7, 8)
+    assert _manager(pieces=None).plan(5, 20, 100, False).mode is StepMode.PIECEWISE
+    no_pieces = CaptureManager(_Runner(), None, [1, 2], [1, 2, 4], 8)  # type: ignore[arg-type]
+    assert no_pieces.plan(2, 3, 10, False) == StepPlan(StepMode.EAGER, 2, 3)
+
+
+def test_full_keys_are_largest_first() -> None:
+    keys = _manager().full_keys()
+    assert keys == sorted(keys, reverse=True) and keys[0][0] == 32
+
+
+class _GraphlessFull(CaptureManager):
+    """Plans like the real manager, but 'replays' by running the FULL body eagerly (CPU has no graphs)."""
+
+    def replay_full(self, plan: StepPlan) -> Any:
+        return self.runner.full_decode_body(plan.num_reqs, plan.num_splits)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_model(tmp_path_factory.mktemp("fullbody"), "Qwen3ForCausalLM")
+
+
+def test_full_decode_body_with_padding_rows_matches_eager(model_dir: Path) -> None:
+    prompts = [[3, 4, 5], [9] * 7, [11, 12], [100, 7, 8, 9, 10]]
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    kwargs: dict[str, Any] = {"num_gpu_blocks_override": 40, "max_model_len": 64, "attention_backend": "triton",
+                              "max_num_seqs": 8}
+    expected = [o.outputs[0].token_ids for o in LLM(model=model_dir, **kwargs).generate(prompts, params)]
+    llm = LLM(model=model_dir, **kwargs)
+    runner = llm.engine.runner
+    manager = _GraphlessFull(runner, None, [1, 2, 8], [], runner.kv_cache.shape[-2])
+    runner.graphs = manager
+    got = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+    assert manager.mode_counts[StepMode.FULL] >= 5  # 4 requests padded to 8 rows
+    assert got == expected
+    state = runner.state
+    assert int(state.num_tokens[state.padding_row]) == 1 and int(state.num_computed[state.padding_row]) == 0

@@ -1,0 +1,136 @@
+"""CUDA graphs on the GPU (`-m gpu`): eager, PIECEWISE and FULL execution give identical greedy tokens
+for awkward batch sizes (padded up to captured sizes) and for mixed prefill/decode steps; padded rows
+of a FULL replay write no KV; the step loop with graphs never synchronises with the host.
+
+The model is a tiny fp32 Qwen3, so the three modes differ only in how the same math is launched.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+from tiny_models import make_tiny_model
+
+from graphrunner import LLM, SamplingParams
+from graphrunner.step_plan import StepMode
+
+pytestmark = pytest.mark.gpu
+
+BATCH_SIZES = [1, 7, 16, 25, 33, 45, 64, 123]
+NEW_TOKENS = 10
+MODES = {"eager": {"enforce_eager": True}, "piecewise": {"cudagraph_mode": "piecewise"}, "full": {}}
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_model(tmp_path_factory.mktemp("capture"), "Qwen3ForCausalLM")
+
+
+@pytest.fixture(scope="module")
+def engines(model_dir: Path) -> dict[str, LLM]:
+    return {name: LLM(model=model_dir, dtype="float32", max_model_len=256, device="cuda", **kw)
+            for name, kw in MODES.items()}
+
+
+def _prompts(n: int, seed: int, lo: int = 2, hi: int = 40) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(512) for _ in range(rng.randint(lo, hi))] for _ in range(n)]
+
+
+def _greedy(max_tokens: int = NEW_TOKENS) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+
+
+def _counts(llm: LLM) -> dict[StepMode, int]:
+    graphs = llm.engine.runner.graphs
+    return dict(graphs.mode_counts) if graphs is not None else {}
+
+
+def _staggered(llm: LLM) -> dict[str, list[int]]:
+    """Requests arriving while others decode: steps that mix prefill chunks with decodes."""
+    engine = llm.engine
+    done: dict[str, list[int]] = {}
+    waves = [_prompts(6, 100), _prompts(9, 101, 20, 90), _prompts(4, 102, 1, 5)]
+    for wave, prompts in enumerate(waves):
+        for i, p in enumerate(prompts):
+            engine.add_request({"prompt_token_ids": p}, _greedy(14), request_id=f"{wave}-{i}")
+        for _ in range(3):
+            for out in engine.step():
+                if out.finished:
+                    done[out.request_id] = out.outputs[0].token_ids
+    while engine.has_unfinished():
+        for out in engine.step():
+            if out.finished:
+                done[out.request_id] = out.outputs[0].token_ids
+    return done
+
+
+def test_modes_dispatch_as_configured(engines: dict[str, LLM]) -> None:
+    assert engines["eager"].engine.runner.graphs is None
+    for name in ("piecewise", "full"):
+        manager = engines[name].engine.runner.graphs
+        assert manager is not None and manager.num_graphs > 0 and manager.pool_bytes > 0, name
+    assert not engines["piecewise"].engine.runner.graphs.full_keys()
+
+
+@pytest.mark.parametrize("batch", BATCH_SIZES)
+def test_eager_piecewise_full_give_identical_tokens(engines: dict[str, LLM], batch: int) -> None:
+    prompts = _prompts(batch, batch)
+    results = {}
+    for name, llm in engines.items():
+        before = _counts(llm)
+        results[name] = [o.outputs[0].token_ids for o in llm.generate(prompts, _greedy())]
+        after = _counts(llm)
+        ran = {mode: after.get(mode, 0) - before.get(mode, 0) for mode in StepMode}
+        if name == "full":
+            assert ran[StepMode.FULL] >= NEW_TOKENS - 2 and ran[StepMode.EAGER] == 0, ran  # decodes: FULL
+        if name == "piecewise":
+            assert ran[StepMode.FULL] == 0 and ran[StepMode.PIECEWISE] >= NEW_TOKENS, ran
+    assert results["piecewise"] == results["eager"]
+    assert results["full"] == results["eager"]
+
+
+def test_mixed_prefill_and_decode_steps_identical(engines: dict[str, LLM]) -> None:
+    results = {name: _staggered(llm) for name, llm in engines.items()}
+    assert len(results["eager"]) == 19
+    assert results["piecewise"] == results["eager"]
+    assert results["full"] == results["eager"]
+
+
+def test_padded_rows_write_no_kv(model_dir: Path) -> None:
+    llm = LLM(model=model_dir, dtype="float32", max_model_len=256, device="cuda", num_gpu_blocks_override=64)
+    kv = llm.engine.runner.kv_cache  # [L, 2, num_blocks, block_size, Hkv, D]
+    sentinel = 1234.5
+    kv.fill_(sentinel)
+    before = _counts(llm)
+    prompts = _prompts(7, 7, 5, 5)  # 7 requests: FULL decodes padded to 8 rows
+    llm.generate(prompts, _greedy(8))
+    assert _counts(llm)[StepMode.FULL] - before.get(StepMode.FULL, 0) >= 6
+    touched = (kv != sentinel).flatten(3).any(-1).any(1).any(0)  # [num_blocks] bool
+    blocks = set(touched.nonzero().flatten().tolist())
+    # each request holds 5 + 8 tokens = one 16-slot block; the null block 0 (the padding row's table) is untouched
+    assert 0 not in blocks and len(blocks) == 7, sorted(blocks)
+
+
+def test_graph_step_loop_never_synchronises(model_dir: Path) -> None:
+    llm = LLM(model=model_dir, dtype="float32", max_model_len=256, device="cuda", max_num_batched_tokens=48)
+    engine = llm.engine
+    launch = engine.runner.execute
+
+    def checked(sched):  # type: ignore[no-untyped-def]
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            return launch(sched)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+
+    engine.runner.execute = checked  # type: ignore[method-assign]
+    params = [SamplingParams(temperature=t, max_tokens=16, ignore_eos=True, seed=i)
+              for i, t in enumerate([0.0, 0.8] * 6)]
+    outs = llm.generate(_prompts(12, 5, 3, 60), params)
+    assert all(len(o.outputs[0].token_ids) == 16 for o in outs)
+    counts = _counts(llm)
+    assert counts.get(StepMode.FULL, 0) > 0 and counts.get(StepMode.PIECEWISE, 0) > 0, counts
