@@ -102,6 +102,3 @@ class GraphPiece(torch.nn.Module):
             out = self.fn(*args)
         self.graphs[mode.size] = _Captured(graph, _tensor_ptrs(args), tree_map(weak_alias, out))
         return out  # strong references until this capture forward ends: later pieces must not reuse it
-
-    def drop_graphs(self) -> None:
-        self.graphs.clear()

@@ -82,7 +82,9 @@ class CaptureManager:
         if largest_only:
             token_sizes = token_sizes[:1]
             full_keys = [k for k in full_keys if k[0] == full_keys[0][0]] if full_keys else []
-        self.drop()
+        # Graphs of an earlier capture (the measuring one) stay alive until this one is done: a pool
+        # whose last graph dies is freed, and capturing into its handle afterwards is an error.
+        retired = self.retire()
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
         free_before = _free_bytes()
@@ -102,13 +104,17 @@ class CaptureManager:
                 self._full[(num_reqs, splits)] = (graph, (weak_alias(outputs[0]), weak_alias(outputs[1])))
                 bar(f"full decode {num_reqs} x{splits}")
         self.capture_seconds = time.perf_counter() - start
+        del retired
         self.pool_bytes += max(0, free_before - _free_bytes())  # what the pool grew by
 
-    def drop(self) -> None:
-        """Forget every graph (the pool's memory stays reserved for the next capture)."""
-        self._full.clear()
+    def retire(self) -> list[Any]:
+        """Detach every graph from dispatch and hand them back (dropping the list destroys them)."""
+        old: list[Any] = [self._full]
+        self._full = {}
         for piece in self.pieces or []:
-            piece.drop_graphs()
+            old.append(piece.graphs)
+            piece.graphs = {}
+        return old
 
     @property
     def num_graphs(self) -> int:
