@@ -88,9 +88,11 @@ def test_eager_piecewise_full_give_identical_tokens(engines: dict[str, LLM], bat
         if name == "full":
             assert ran[StepMode.FULL] >= NEW_TOKENS - 2 and ran[StepMode.EAGER] == 0, ran  # decodes: FULL
         if name == "piecewise":
-            assert ran[StepMode.FULL] == 0 and ran[StepMode.PIECEWISE] >= NEW_TOKENS, ran
+            assert ran[StepMode.FULL] == 0 and ran[StepMode.PIECEWISE] >= NEW_TOKENS - 1, ran  # big prefills: eager
     assert results["piecewise"] == results["eager"]
     assert results["full"] == results["eager"]
+    for name in ("piecewise", "full"):
+        assert not any(p.moved_input_calls for p in engines[name].engine.runner.graphs.pieces), name
 
 
 def test_mixed_prefill_and_decode_steps_identical(engines: dict[str, LLM]) -> None:
