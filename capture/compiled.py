@@ -32,8 +32,18 @@ def use_compile_cache(cache_dir: Path) -> None:
     torch._inductor.config.fx_graph_cache = True
 
 
+# Dynamo counts compiled variants per code object, and every engine's model (same class, another
+# instance) adds its own (the general token count plus the specialised count 1): several engines in
+# one process would hit the default limit of 8 and, with fullgraph=True, fail.
+RECOMPILE_LIMIT = 64
+
+
 def compile_model(model: nn.Module, backend: PiecewiseBackend | None = None) -> nn.Module:
     """The model behind torch.compile with the piecewise backend (attention stays outside the pieces)."""
+    cfg = torch._dynamo.config
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(cfg, name):
+            setattr(cfg, name, max(getattr(cfg, name), RECOMPILE_LIMIT))
     return torch.compile(model, backend=backend or PiecewiseBackend(), fullgraph=True, dynamic=True)
 
 

@@ -62,7 +62,10 @@ def weak_alias(t: Any) -> Any:
 
 
 def _tensor_ptrs(args: tuple[Any, ...]) -> tuple[int, ...]:
-    return tuple(a.data_ptr() for a in args if isinstance(a, torch.Tensor))
+    """Addresses of the device tensors a graph reads. Host tensors are left out: Dynamo passes float
+    module attributes (norm eps, attention scale) as fresh 0-d CPU tensors on every call, and a
+    graph holds their values, captured as kernel arguments, not their addresses."""
+    return tuple(a.data_ptr() for a in args if isinstance(a, torch.Tensor) and a.is_cuda)
 
 
 @dataclass
@@ -98,7 +101,7 @@ class GraphPiece(torch.nn.Module):
             # memory, so this call runs the compiled code on the real inputs instead (correct, slower).
             self.moved_input_calls += 1
             if self.moved_input_calls == 1:
-                tensors = [a for a in args if isinstance(a, torch.Tensor)]
+                tensors = [a for a in args if isinstance(a, torch.Tensor) and a.is_cuda]
                 moved = [(i, tuple(tensors[i].shape), str(tensors[i].dtype)) for i, (a, b)
                          in enumerate(zip(ptrs, entry.input_ptrs)) if a != b]
                 print(f"graphrunner: piece {self.name} at size {mode.size}: inputs moved since capture {moved}; "

@@ -20,15 +20,19 @@ CPU_KV_CAP_BYTES = 256 << 20  # a laptop-sized default; num_gpu_blocks_override 
 GRAPH_POOL_MARGIN = 1.25
 
 
-def _profile_peak_bytes(model: torch.nn.Module, config: EngineConfig) -> int:
-    """Peak CUDA memory of a forward over max_num_batched_tokens tokens (one prefill, nothing written)."""
+def _profile_peak_bytes(runner: ModelRunner, config: EngineConfig) -> int:
+    """Peak CUDA memory of a forward over max_num_batched_tokens tokens (one prefill, nothing written).
+
+    The inputs are the runner's own step buffers: a compiled model then sees the same kind of tensor
+    here as in every later step (fresh inference tensors would make Dynamo compile a second variant)."""
     from graphrunner.attention import AttentionMetadata, forward_context
 
     sc, bs = config.scheduler, config.cache.block_size
     t = min(sc.max_num_batched_tokens, sc.max_model_len)
     dev = config.device
     torch.cuda.reset_peak_memory_stats(dev)
-    kv = allocate_kv_cache(config.model, 2, bs, config.dtype, dev)
+    inputs = runner.buffers.views(1, t, blocks_needed(t, bs))
+    inputs.positions.copy_(torch.arange(t, device=dev))
     meta = AttentionMetadata(
         num_reqs=1, num_tokens=t, max_query_len=t, max_seq_len=t, block_size=bs,
         query_start_loc=torch.tensor([0, t], dtype=torch.int32, device=dev),
@@ -37,12 +41,12 @@ def _profile_peak_bytes(model: torch.nn.Module, config: EngineConfig) -> int:
         slot_mapping=torch.full((t,), -1, dtype=torch.int64, device=dev),
         query_lens_cpu=[t], seq_lens_cpu=[t],
     )
-    with torch.inference_mode(), forward_context(meta, kv, config.attention_backend):
-        hidden = model(torch.zeros(t, dtype=torch.int64, device=dev), torch.arange(t, device=dev))
-        model.compute_logits(hidden[: sc.max_num_seqs])
+    with torch.inference_mode(), forward_context(meta, runner.kv_cache, config.attention_backend):
+        hidden = runner.model(inputs.input_ids, inputs.positions)
+        runner.model.compute_logits(hidden[: sc.max_num_seqs])
     torch.cuda.synchronize(dev)
     peak = torch.cuda.max_memory_allocated(dev)
-    del kv, hidden
+    del hidden
     torch.cuda.empty_cache()
     return peak
 
@@ -104,7 +108,7 @@ def build_runner(config: EngineConfig) -> tuple[ModelRunner, int]:
                                  and config.cudagraph_mode == "full_and_piecewise")
     peak = 0
     if config.device.type == "cuda" and config.cache.num_blocks is None:
-        peak = _profile_peak_bytes(model, config)  # (compiles the model at the largest step first)
+        peak = _profile_peak_bytes(runner, config)  # (compiles the model at the largest step first)
     if manager is not None:
         manager.capture(largest_only=True)
         reserved = int(manager.pool_bytes * GRAPH_POOL_MARGIN)
