@@ -1,0 +1,126 @@
+"""Per-step time breakdown of L1 (one request decoding): host, prepare, forward, sample, update, and the
+FULL graph replay that runs prepare..update as one launch.
+
+Host = wall time of engine.step() minus the time it blocks on the previous step's output. The device
+parts are each timed alone (median over --iters) on the live decode batch, with the state table
+restored after the parts that write it. Example: python tools/bench_step_breakdown.py --model /tmp/q06
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_common, which puts the repo root on sys.path
+import bench_common
+import torch
+
+from graphrunner import LLM, SamplingParams
+from graphrunner.async_output import AsyncStepOutput
+from graphrunner.sampling.sampler import run_sampler
+from graphrunner.state_kernels import post_update
+from graphrunner.step_plan import StepMode, StepPlan
+
+
+def host_ms(llm: LLM, steps: int) -> list[float]:
+    """Host milliseconds of each engine.step(): its wall time minus the wait for the previous step's output."""
+    blocked: list[float] = []
+    original = AsyncStepOutput.result
+
+    def timed_result(self: AsyncStepOutput) -> dict[str, torch.Tensor]:
+        t0 = time.perf_counter()
+        try:
+            return original(self)
+        finally:
+            blocked.append(time.perf_counter() - t0)
+
+    AsyncStepOutput.result = timed_result  # type: ignore[method-assign]
+    out = []
+    try:
+        for _ in range(steps):
+            n = len(blocked)
+            t0 = time.perf_counter()
+            llm.engine.step()
+            out.append((time.perf_counter() - t0 - sum(blocked[n:])) * 1e3)
+    finally:
+        AsyncStepOutput.result = original  # type: ignore[method-assign]
+    return out
+
+
+def device_parts(llm: LLM, iters: int) -> dict[str, float]:
+    engine, device = llm.engine, llm.engine.config.device
+    runner, state = engine.runner, engine.runner.state
+    bench_common.synchronize(device)
+    sched = engine._pending[0]  # the decode step in flight: restaging it writes nothing new
+    batch = runner._stage(sched)
+    saved = [t.clone() for t in (state.token_ids, state.num_computed, state.num_tokens)]
+
+    def restore() -> None:
+        for dst, src in zip((state.token_ids, state.num_computed, state.num_tokens), saved):
+            dst.copy_(src)
+
+    def timed(fn: Any) -> float:
+        return bench_common.median_ms(fn, device, iters, before=restore)
+
+    inputs = runner._prepare(batch)
+    eager = dataclasses.replace(batch, plan=StepPlan(StepMode.EAGER, batch.num_reqs, batch.num_tokens))
+    parts = {"prepare": timed(lambda: runner._prepare(batch)), "forward (no graph)":
+             timed(lambda: runner._forward(eager, inputs))}
+    if runner.graphs is not None and runner.graphs.token_sizes:
+        piecewise = runner.graphs.plan(batch.num_reqs, batch.num_tokens, max(batch.seq_lens), False)
+        parts["forward (piecewise graphs)"] = timed(
+            lambda: runner._forward(dataclasses.replace(batch, plan=piecewise), inputs))
+    hidden = runner._forward(eager, inputs)
+    logits = runner.model.compute_logits(hidden.index_select(0, inputs.logits_indices))
+    parts["logits"] = timed(lambda: runner.model.compute_logits(hidden.index_select(0, inputs.logits_indices)))
+    parts["sample"] = timed(lambda: run_sampler(logits.clone(), batch.sampling, state, runner.use_triton))
+    sampled = run_sampler(logits.clone(), batch.sampling, state, runner.use_triton).sampled
+    parts["update"] = timed(lambda: post_update(batch.idx_mapping, batch.num_scheduled, sampled, state.token_ids,
+                                                state.num_computed, state.num_tokens, runner.use_triton))
+    if batch.plan.mode is StepMode.FULL and runner.graphs is not None:
+        parts["FULL replay (prepare..update)"] = timed(lambda: runner.graphs.replay_full(batch.plan))
+    restore()
+    return parts
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=bench_common.DEFAULT_MODEL)
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--steps", type=int, default=64, help="decode steps timed on the host")
+    ap.add_argument("--iters", type=int, default=50, help="timed calls per device part (median)")
+    ap.add_argument("--enforce-eager", action="store_true")
+    ap.add_argument("--json", default="bench_step_breakdown.json")
+    args = ap.parse_args()
+    device = bench_common.resolve_device(args.device)
+    total = args.prompt_len + args.steps + 32
+    llm = LLM(model=args.model, device=str(device), max_model_len=total, max_num_seqs=8,
+              enforce_eager=args.enforce_eager)
+    vocab = min(bench_common.PROMPT_VOCAB, llm.engine.config.model.vocab_size)
+    prompt = bench_common.random_prompts(1, args.prompt_len, args.prompt_len, vocab=vocab)[0]
+    llm.engine.add_request({"prompt_token_ids": prompt}, SamplingParams(temperature=0.0, max_tokens=args.steps + 24,
+                                                                         ignore_eos=True, detokenize=False))
+    for _ in range(4):  # prefill, then into steady decode
+        llm.engine.step()
+    host = host_ms(llm, args.steps)
+    parts = device_parts(llm, args.iters)
+    result = {"host_ms_median": statistics.median(host), "device_ms": parts, "args": vars(args),
+              "env": bench_common.env_info()}
+    mode = "CUDA graphs" if llm.engine.runner.graphs is not None else "no graphs"
+    print(f"L1 step breakdown on {device} ({mode}):")
+    print(f"  host (schedule, stage, launch, read previous)  {result['host_ms_median']:8.3f} ms")
+    for name, ms in parts.items():
+        print(f"  device: {name:<38} {ms:8.3f} ms")
+    Path(args.json).write_text(json.dumps(result, indent=1))
+    print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
