@@ -47,13 +47,31 @@ def compile_model(model: nn.Module, backend: PiecewiseBackend | None = None) -> 
     return torch.compile(model, backend=backend or PiecewiseBackend(), fullgraph=True, dynamic=True)
 
 
+def graph_sizes(config: EngineConfig) -> tuple[list[int], list[int]]:
+    """(FULL decode batch sizes, piecewise token buckets) an engine with this config captures; both
+    empty where it captures no CUDA graphs (CPU, enforce_eager, cudagraph_mode="none")."""
+    if config.device.type != "cuda" or config.enforce_eager or config.cudagraph_mode == "none":
+        return [], []
+    from model_states.registry import get_model_state
+
+    state = get_model_state(config.model.architecture)(config.model)
+    sc = config.scheduler
+    full = config.cudagraph_mode == "full_and_piecewise" and config.attention_backend == "triton"
+    return (state.decode_batch_sizes(sc.max_num_seqs) if full else []), state.token_buckets(sc.max_num_batched_tokens)
+
+
+def manifest_for(config: EngineConfig) -> Manifest:
+    full, buckets = graph_sizes(config)
+    return Manifest.current(config.model_dir, config.dtype, config.device, tuple(buckets), tuple(full))
+
+
 def prepare_compiled_model(model: nn.Module, config: EngineConfig) -> tuple[nn.Module, PiecewiseBackend]:
     """For an engine: with a compile cache, check its manifest against this run and point the caches at it;
     then compile. Returns the compiled model and its backend (which lists the pieces it made)."""
     cache_dir = config.compile_cache
     if cache_dir is not None:
         Manifest.load(cache_dir).check_matches(
-            Manifest.current(config.model_dir, config.dtype, config.device, WARMUP_TOKEN_COUNTS), cache_dir)
+            manifest_for(config), cache_dir)
         use_compile_cache(cache_dir)
     backend = PiecewiseBackend()
     return compile_model(model, backend), backend
@@ -70,7 +88,7 @@ def precompile(config: EngineConfig, out_dir: Path) -> float:
 
     out_dir.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    manifest = Manifest.current(config.model_dir, config.dtype, config.device, WARMUP_TOKEN_COUNTS)
+    manifest = manifest_for(config)
     manifest.save(out_dir)
     try:
         engine = Engine(dataclasses.replace(config, compile_cache=out_dir))

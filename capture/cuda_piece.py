@@ -84,6 +84,7 @@ class GraphPiece(torch.nn.Module):
         self.name = name
         self.graphs: dict[int, _Captured] = {}
         self.moved_input_calls = 0  # replays refused because an input was not where it was at capture
+        self.uncaptured_calls = 0   # calls in piecewise mode at a size this piece has no graph for
 
     def forward(self, *args: Any) -> Any:
         mode = _MODE
@@ -92,6 +93,8 @@ class GraphPiece(torch.nn.Module):
         entry = self.graphs.get(mode.size)
         if entry is None:
             if not mode.capture:
+                # e.g. a Dynamo variant compiled after capture: correct, but no graph to replay
+                self.uncaptured_calls += 1
                 return self.fn(*args)
             return self._capture(mode, args)
         ptrs = _tensor_ptrs(args)

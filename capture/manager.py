@@ -27,11 +27,11 @@ class CaptureManager:
     """Owns every CUDA graph of one runner; implements graphrunner.step_plan.GraphDispatcher."""
 
     def __init__(self, runner: ModelRunner, pieces: list[GraphPiece] | None, full_sizes: list[int],
-                 token_sizes: list[int], num_kv_heads: int, full_graphs: bool = True) -> None:
+                 token_sizes: list[int], num_kv_heads: int) -> None:
         self.runner = runner
         self.pieces = pieces  # None: the model is not compiled into pieces, so no PIECEWISE mode
         self.num_kv_heads = num_kv_heads
-        self.full_sizes = sorted(full_sizes) if full_graphs else []
+        self.full_sizes = sorted(full_sizes)  # empty: no FULL graphs
         self.token_sizes = sorted(token_sizes) if pieces is not None else []
         self.pool: Any = None  # the shared graph memory pool, made at the first capture
         self._full: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, torch.Tensor]]] = {}

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 MANIFEST_NAME = "manifest.json"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: capture_sizes are the piecewise token buckets, plus full_sizes
 
 
 def model_hash(model_dir: Path) -> str:
@@ -50,14 +50,15 @@ class Manifest:
     triton_version: str
     device_name: str
     device_capability: str
-    capture_sizes: tuple[int, ...]
+    capture_sizes: tuple[int, ...]  # piecewise token buckets (empty: no CUDA graphs)
+    full_sizes: tuple[int, ...] = ()  # FULL decode graph batch sizes
 
     @classmethod
     def current(cls, model_dir: Path, dtype: torch.dtype, device: torch.device,
-                capture_sizes: tuple[int, ...]) -> Manifest:
+                capture_sizes: tuple[int, ...], full_sizes: tuple[int, ...] = ()) -> Manifest:
         name, capability = _device_facts(device)
         return cls(FORMAT_VERSION, model_hash(model_dir), str(dtype).removeprefix("torch."), torch.__version__,
-                   _triton_version(), name, capability, tuple(capture_sizes))
+                   _triton_version(), name, capability, tuple(capture_sizes), tuple(full_sizes))
 
     def save(self, out_dir: Path) -> None:
         (out_dir / MANIFEST_NAME).write_text(json.dumps(dataclasses.asdict(self), indent=1))
@@ -70,6 +71,7 @@ class Manifest:
         try:
             raw = json.loads(path.read_text())
             raw["capture_sizes"] = tuple(raw["capture_sizes"])
+            raw["full_sizes"] = tuple(raw.get("full_sizes", ()))
             return cls(**raw)
         except (ValueError, TypeError, KeyError) as exc:
             raise ValueError(f"compile cache manifest {path} is unreadable: {exc}") from exc

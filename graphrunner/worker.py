@@ -97,15 +97,12 @@ def build_runner(config: EngineConfig) -> tuple[ModelRunner, int]:
     manager = None
     reserved = 0
     if use_graphs:
+        from capture.compiled import graph_sizes
         from capture.manager import CaptureManager
-        from model_states.registry import get_model_state
 
-        ms = get_model_state(config.model.architecture)(config.model)
+        full_sizes, token_sizes = graph_sizes(config)
         pieces = backend.graph_pieces if backend is not None else None
-        manager = CaptureManager(runner, pieces, ms.decode_batch_sizes(sc.max_num_seqs),
-                                 ms.token_buckets(sc.max_num_batched_tokens), config.model.num_kv_heads,
-                                 full_graphs=config.attention_backend == "triton"
-                                 and config.cudagraph_mode == "full_and_piecewise")
+        manager = CaptureManager(runner, pieces, full_sizes, token_sizes, config.model.num_kv_heads)
     peak = 0
     if config.device.type == "cuda" and config.cache.num_blocks is None:
         peak = _profile_peak_bytes(runner, config)  # (compiles the model at the largest step first)

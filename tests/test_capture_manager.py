@@ -22,8 +22,8 @@ class _Runner:
 
 
 def _manager(full: bool = True, pieces: list | None = None) -> CaptureManager:
-    return CaptureManager(_Runner(), [] if pieces is None else pieces, [1, 2, 4, 8, 16, 24, 32],  # type: ignore[arg-type]
-                          [1, 2, 4, 8, 16, 32, 64], num_kv_heads=8, full_graphs=full)
+    return CaptureManager(_Runner(), [] if pieces is None else pieces,  # type: ignore[arg-type]
+                          [1, 2, 4, 8, 16, 24, 32] if full else [], [1, 2, 4, 8, 16, 32, 64], num_kv_heads=8)
 
 
 def test_plan_pads_uniform_decodes_to_full_sizes() -> None:

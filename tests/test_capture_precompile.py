@@ -35,7 +35,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _manifest_dir(tmp_path: Path, model_dir: Path, **changes: object) -> Path:
-    manifest = Manifest.current(model_dir, torch.float32, torch.device("cpu"), (1, 3))
+    manifest = Manifest.current(model_dir, torch.float32, torch.device("cpu"), ())  # CPU: no graphs
     dataclasses.replace(manifest, **changes).save(tmp_path)
     return tmp_path
 
@@ -45,6 +45,7 @@ def _manifest_dir(tmp_path: Path, model_dir: Path, **changes: object) -> Path:
     ({"device_name": "NVIDIA H200", "device_capability": "9.0"}, "device_name"),
     ({"model_hash": "0" * 64}, "model_hash"),
     ({"capture_sizes": (1, 2, 4)}, "capture_sizes"),
+    ({"full_sizes": (1, 2)}, "full_sizes"),
 ])
 def test_mismatched_manifest_is_refused_naming_the_field(tmp_path: Path, model_dir: Path, changes: dict,
                                                          field: str) -> None:
@@ -86,3 +87,18 @@ def test_precompile_then_warm_start_hits_the_cache(tmp_path: Path, model_dir: Pa
 
     expected = eager.generate([[5, 6, 7, 8, 9]], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))[0]
     assert result["tokens"] == expected.outputs[0].token_ids
+
+
+def test_manifest_records_the_graph_sizes_of_the_config(model_dir: Path) -> None:
+    from capture.compiled import graph_sizes, manifest_for
+    from graphrunner.engine_args import build_engine_config
+
+    cpu = build_engine_config(model=model_dir, device="cpu", max_model_len=256)
+    assert graph_sizes(cpu) == ([], []) and manifest_for(cpu).capture_sizes == ()
+    # graph sizes depend only on the config: a CUDA config can be inspected on a CPU machine
+    cuda = dataclasses.replace(cpu, device=torch.device("cuda"), attention_backend="triton")
+    full, buckets = graph_sizes(cuda)
+    assert full[:4] == [1, 2, 4, 8] and full[-1] == 256 and buckets[-1] == 2048
+    assert graph_sizes(dataclasses.replace(cuda, cudagraph_mode="piecewise")) == ([], buckets)
+    assert graph_sizes(dataclasses.replace(cuda, enforce_eager=True)) == ([], [])
+    assert graph_sizes(dataclasses.replace(cuda, attention_backend="reference"))[0] == []
