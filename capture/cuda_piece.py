@@ -61,16 +61,28 @@ def weak_alias(t: Any) -> Any:
     return torch.empty(0, dtype=t.dtype, device=t.device).set_(weak, t.storage_offset(), t.size(), t.stride())
 
 
+def _is_buffer(a: Any) -> bool:
+    """A tensor a graph reads by address. Host scalars are not: Dynamo passes float module attributes
+    (norm eps, attention scale) as fresh 0-d CPU tensors on every call, and a graph holds their
+    values, captured as kernel arguments."""
+    return isinstance(a, torch.Tensor) and (a.dim() > 0 or a.device.type != "cpu")
+
+
 def _tensor_ptrs(args: tuple[Any, ...]) -> tuple[int, ...]:
-    """Addresses of the device tensors a graph reads. Host tensors are left out: Dynamo passes float
-    module attributes (norm eps, attention scale) as fresh 0-d CPU tensors on every call, and a
-    graph holds their values, captured as kernel arguments, not their addresses."""
-    return tuple(a.data_ptr() for a in args if isinstance(a, torch.Tensor) and a.is_cuda)
+    return tuple(a.data_ptr() for a in args if _is_buffer(a))
+
+
+def _record(fn: Callable[..., Any], args: tuple[Any, ...], pool: Any) -> tuple[Any, Any]:
+    """Capture fn(*args) as a CUDA graph in `pool`; returns (graph, what fn returned)."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        out = fn(*args)
+    return graph, out
 
 
 @dataclass
 class _Captured:
-    graph: torch.cuda.CUDAGraph
+    graph: Any  # torch.cuda.CUDAGraph
     input_ptrs: tuple[int, ...]
     outputs: Any  # weak aliases of what the piece returned at capture
 
@@ -104,7 +116,7 @@ class GraphPiece(torch.nn.Module):
             # memory, so this call runs the compiled code on the real inputs instead (correct, slower).
             self.moved_input_calls += 1
             if self.moved_input_calls == 1:
-                tensors = [a for a in args if isinstance(a, torch.Tensor) and a.is_cuda]
+                tensors = [a for a in args if _is_buffer(a)]
                 moved = [(i, tuple(tensors[i].shape), str(tensors[i].dtype)) for i, (a, b)
                          in enumerate(zip(ptrs, entry.input_ptrs)) if a != b]
                 print(f"graphrunner: piece {self.name} at size {mode.size}: inputs moved since capture {moved}; "
@@ -114,8 +126,6 @@ class GraphPiece(torch.nn.Module):
         return entry.outputs
 
     def _capture(self, mode: _Mode, args: tuple[Any, ...]) -> Any:
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=mode.pool):
-            out = self.fn(*args)
+        graph, out = _record(self.fn, args, mode.pool)
         self.graphs[mode.size] = _Captured(graph, _tensor_ptrs(args), tree_map(weak_alias, out))
         return out  # strong references until this capture forward ends: later pieces must not reuse it

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from capture import cuda_piece
 from capture.cuda_piece import GraphPiece, fast_capture, piecewise_graphs, weak_alias
 from graphrunner.attention.triton_attention import choose_num_splits
 from graphrunner.runner import ModelRunner
@@ -85,9 +86,10 @@ class CaptureManager:
         # Graphs of an earlier capture (the measuring one) stay alive until this one is done: a pool
         # whose last graph dies is freed, and capturing into its handle afterwards is an error.
         retired = self.retire()
-        if self.pool is None:
+        on_gpu = self.runner.device.type == "cuda"  # (tests drive the same flow on CPU with recorded "graphs")
+        if self.pool is None and on_gpu:
             self.pool = torch.cuda.graph_pool_handle()
-        free_before = _free_bytes()
+        free_before = _free_bytes() if on_gpu else 0
         start = time.perf_counter()
         with _progress(len(token_sizes) + len(full_keys), progress and not largest_only) as bar, fast_capture():
             for size in token_sizes:
@@ -98,14 +100,13 @@ class CaptureManager:
             for num_reqs, splits in full_keys:
                 self.runner.fill_padding_rows(num_reqs)
                 self.runner.full_decode_body(num_reqs, splits)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=self.pool):
-                    outputs = self.runner.full_decode_body(num_reqs, splits)
+                graph, outputs = cuda_piece._record(self.runner.full_decode_body, (num_reqs, splits), self.pool)
                 self._full[(num_reqs, splits)] = (graph, (weak_alias(outputs[0]), weak_alias(outputs[1])))
                 bar(f"full decode {num_reqs} x{splits}")
         self.capture_seconds = time.perf_counter() - start
         del retired
-        self.pool_bytes += max(0, free_before - _free_bytes())  # what the pool grew by
+        if on_gpu:
+            self.pool_bytes += max(0, free_before - _free_bytes())  # what the pool grew by
 
     def retire(self) -> list[Any]:
         """Detach every graph from dispatch and hand them back (dropping the list destroys them)."""
