@@ -98,6 +98,12 @@ def test_engine_through_recorded_graphs_matches_eager(tmp_path: Any) -> None:
     prompts = [[(7 * i + j) % 400 for j in range(n)] for i, n in enumerate([3, 17, 40, 5, 26, 9])]
     params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     expected = [o.outputs[0].token_ids for o in LLM(model=model_dir, **kwargs).generate(prompts, params)]
+    # seeded sampling: plain temperature batches run FULL, top-k / penalties force PIECEWISE
+    sampled = [SamplingParams(temperature=0.8, seed=i, max_tokens=8, ignore_eos=True) for i in range(4)]
+    mixed = sampled + [SamplingParams(temperature=0.9, seed=9, top_k=5, max_tokens=8, ignore_eos=True),
+                       SamplingParams(temperature=0.0, repetition_penalty=1.3, max_tokens=8, ignore_eos=True)]
+    expected_sampled = [o.outputs[0].token_ids for o in LLM(model=model_dir, **kwargs).generate(prompts[:4], sampled)]
+    expected_mixed = [o.outputs[0].token_ids for o in LLM(model=model_dir, **kwargs).generate(prompts, mixed)]
 
     llm = LLM(model=model_dir, **kwargs)
     runner = llm.engine.runner
@@ -108,6 +114,10 @@ def test_engine_through_recorded_graphs_matches_eager(tmp_path: Any) -> None:
     runner.graphs = manager
     got = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
     assert got == expected
+    full_before = manager.mode_counts[StepMode.FULL]
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts[:4], sampled)] == expected_sampled
+    assert manager.mode_counts[StepMode.FULL] > full_before
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts, mixed)] == expected_mixed
     assert manager.mode_counts[StepMode.FULL] > 0 and manager.mode_counts[StepMode.PIECEWISE] > 0
     assert manager.mode_counts[StepMode.EAGER] > 0  # a 48-token chunk is above the largest bucket
     assert sum(len(p.graphs) for p in backend.graph_pieces) > 0
