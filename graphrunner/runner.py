@@ -128,7 +128,10 @@ class ModelRunner:
         pad = plan.num_reqs - b  # FULL graphs: extra rows point at the padding row with 0 tokens
         host = rows + [self.state.padding_row] * pad + counts + [0] * pad
         p = plan.num_reqs
-        self.step_rows[:2 * p].copy_(to_device(host, torch.int32, self.device), non_blocking=True)
+        staged = torch.tensor(host, dtype=torch.int32)
+        if self.device.type == "cuda":
+            staged = staged.pin_memory()  # a pinned source: the H2D copy below does not wait
+        self.step_rows[:2 * p].copy_(staged, non_blocking=True)
         return StepBatch(b, t, plan, counts, seq_lens, self.step_rows[:b], self.step_rows[p:p + b], sampling,
                          prompt_logprobs)
 
