@@ -86,7 +86,8 @@ def test_eager_piecewise_full_give_identical_tokens(engines: dict[str, LLM], bat
         after = _counts(llm)
         ran = {mode: after.get(mode, 0) - before.get(mode, 0) for mode in StepMode}
         if name == "full":
-            assert ran[StepMode.FULL] >= NEW_TOKENS - 2 and ran[StepMode.EAGER] == 0, ran  # decodes: FULL
+            # decodes run FULL; only a prefill over the largest token bucket (2048) runs without graphs
+            assert ran[StepMode.FULL] >= NEW_TOKENS - 2 and ran[StepMode.EAGER] <= 1, ran
         if name == "piecewise":
             assert ran[StepMode.FULL] == 0 and ran[StepMode.PIECEWISE] >= NEW_TOKENS - 1, ran  # big prefills: eager
     assert results["piecewise"] == results["eager"]
