@@ -1,9 +1,11 @@
 """Workload S1: process start to first generated token, in fresh processes.
 
-* eager: no compilation at all;
-* cold: `graphrunner precompile` into an empty directory (compiles every piece from scratch), then
-  a run from it — the cold figure is both together, as a first-ever deployment would pay;
-* warm: a run from the already precompiled directory (compiled code loaded from the caches).
+* eager: `enforce_eager=True`, no compilation and no CUDA graphs (for reference);
+* cold: the default engine (compile + graphs) with Inductor's and Triton's caches pointed at empty
+  directories, so every piece compiles from scratch, as a first-ever deployment without
+  precompiled artifacts pays;
+* precompile: `graphrunner precompile` into an empty directory (offline, once);
+* warm: a run from that precompiled directory (compiled code loaded from the caches).
 Prints a table and writes JSON. Example: python tools/bench_startup.py --model /tmp/q06 --json s1.json
 """
 
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -21,29 +24,40 @@ FIRST_TOKEN = """
 import sys, time
 t0 = float(sys.argv[1])
 from graphrunner import LLM, SamplingParams
-kw = {} if sys.argv[3] == "-" else {"compile_cache": sys.argv[3]}
+kw = {"enforce_eager": True} if sys.argv[3] == "eager" else {}
+if sys.argv[3] not in ("eager", "-"):
+    kw["compile_cache"] = sys.argv[3]
 llm = LLM(model=None if sys.argv[2] == "-" else sys.argv[2], **kw)
 llm.generate([[1, 2, 3, 4]], SamplingParams(temperature=0, max_tokens=1, ignore_eos=True))
 print(f"FIRST_TOKEN {time.time() - t0:.3f}")
 """
 
 
-def _first_token(model: str, cache: str) -> float:
-    """Seconds from spawning a Python process to its first generated token."""
+def _empty_caches(root: Path) -> dict[str, str]:
+    """The environment with Inductor's and Triton's on-disk caches pointed at new, empty folders."""
+    env = dict(os.environ)
+    env["TORCHINDUCTOR_CACHE_DIR"] = str(root / "inductor")
+    env["TRITON_CACHE_DIR"] = str(root / "triton")
+    return env
+
+
+def _first_token(model: str, cache: str, env: dict[str, str]) -> float:
+    """Seconds from spawning a Python process to its first generated token (cache: "eager", "-" for the
+    default engine, or a precompiled directory)."""
     t0 = time.time()
     proc = subprocess.run([sys.executable, "-c", FIRST_TOKEN, str(t0), model, cache], capture_output=True,
-                          text=True, check=False)
+                          text=True, check=False, env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"run failed: {proc.stderr[-2000:]}")
     return float(proc.stdout.split("FIRST_TOKEN")[-1])
 
 
-def _precompile(model: str, out: Path) -> float:
+def _precompile(model: str, out: Path, env: dict[str, str]) -> float:
     t0 = time.time()
     cmd = [sys.executable, "-m", "graphrunner", "precompile", "--out", str(out)]
     if model != "-":
         cmd += ["--model", model]
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"precompile failed: {proc.stderr[-2000:]}")
     return time.time() - t0
@@ -55,12 +69,14 @@ def main() -> None:
     ap.add_argument("--json", default="bench_startup.json")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        cache = Path(tmp) / "cc"
-        eager = _first_token(args.model, "-")
-        precompile_s = _precompile(args.model, cache)
-        warm = _first_token(args.model, str(cache))
-    rows = {"eager_first_token_s": eager, "cold_precompile_s": precompile_s,
-            "cold_total_s": precompile_s + warm, "warm_first_token_s": warm}
+        root = Path(tmp)
+        eager = _first_token(args.model, "eager", _empty_caches(root / "eager"))
+        cold = _first_token(args.model, "-", _empty_caches(root / "cold"))
+        cache = root / "precompiled"
+        precompile_s = _precompile(args.model, cache, _empty_caches(root / "pre"))
+        warm = _first_token(args.model, str(cache), _empty_caches(root / "warm"))
+    rows = {"eager_first_token_s": eager, "cold_first_token_s": cold, "precompile_s": precompile_s,
+            "warm_first_token_s": warm}
     for name, value in rows.items():
         print(f"  {name:<22} {value:8.2f} s")
     env = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "python": sys.version.split()[0]}
