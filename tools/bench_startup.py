@@ -70,15 +70,15 @@ def main() -> None:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        eager = _first_token(args.model, "eager", _empty_caches(root / "eager"))
-        cold = _first_token(args.model, "-", _empty_caches(root / "cold"))
         cache = root / "precompiled"
-        precompile_s = _precompile(args.model, cache, _empty_caches(root / "pre"))
-        warm = _first_token(args.model, str(cache), _empty_caches(root / "warm"))
-    rows = {"eager_first_token_s": eager, "cold_first_token_s": cold, "precompile_s": precompile_s,
-            "warm_first_token_s": warm}
-    for name, value in rows.items():
-        print(f"  {name:<22} {value:8.2f} s")
+        steps = {"eager_first_token_s": lambda: _first_token(args.model, "eager", _empty_caches(root / "eager")),
+                 "cold_first_token_s": lambda: _first_token(args.model, "-", _empty_caches(root / "cold")),
+                 "precompile_s": lambda: _precompile(args.model, cache, _empty_caches(root / "pre")),
+                 "warm_first_token_s": lambda: _first_token(args.model, str(cache), _empty_caches(root / "warm"))}
+        rows = {}
+        for name, measure in steps.items():
+            rows[name] = measure()
+            print(f"  {name:<22} {rows[name]:8.2f} s", flush=True)
     env = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "python": sys.version.split()[0]}
     with open(args.json, "w") as f:
         json.dump({"script": "bench_startup", "env": env, "args": vars(args), "rows": rows}, f, indent=1)

@@ -53,6 +53,7 @@ def host_ms(llm: LLM, steps: int) -> list[float]:
     return out
 
 
+@torch.inference_mode()  # as the engine runs: with grad mode on, Dynamo compiles a variant that has no graphs
 def device_parts(llm: LLM, iters: int) -> dict[str, float]:
     engine, device = llm.engine, llm.engine.config.device
     runner, state = engine.runner, engine.runner.state
