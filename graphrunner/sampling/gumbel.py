@@ -54,18 +54,22 @@ def _row_keys_ref(seeds: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
     return k1, k2
 
 
-def gumbel_noise_ref(
-    seeds: Tensor,  # [B] int64
-    positions: Tensor,  # [B] int64
-    vocab_size: int,
-) -> Tensor:  # [B, V] float32
-    """Gumbel(0, 1) noise g[b, v] = -log(-log(u)), u = uniform(hash(seeds[b], positions[b], v))."""
+def _check_noise_args(seeds: Tensor, positions: Tensor, vocab_size: int) -> None:
     _check(seeds, "seeds", torch.int64, 1, seeds.device)
     _check(positions, "positions", torch.int64, 1, seeds.device)
     if positions.shape != seeds.shape:
         raise ValueError(f"positions shape {tuple(positions.shape)} != seeds shape {tuple(seeds.shape)}")
     if not isinstance(vocab_size, int) or vocab_size < 0:
         raise ValueError(f"vocab_size must be a non-negative int, got {vocab_size!r}")
+
+
+def gumbel_noise_ref(
+    seeds: Tensor,  # [B] int64
+    positions: Tensor,  # [B] int64
+    vocab_size: int,
+) -> Tensor:  # [B, V] float32
+    """Gumbel(0, 1) noise g[b, v] = -log(-log(u)), u = uniform(hash(seeds[b], positions[b], v))."""
+    _check_noise_args(seeds, positions, vocab_size)
     k1, k2 = _row_keys_ref(seeds, positions)  # [B] int64 each
     idx = torch.arange(vocab_size, dtype=torch.int64, device=seeds.device)  # [V] int64
     h = _mix32_ref(_mix32_ref(idx[None, :] ^ k1[:, None]) ^ k2[:, None])  # [B, V] int64 in [0, 2**32)
@@ -169,12 +173,7 @@ def gumbel_noise_triton(
     vocab_size: int,
 ) -> Tensor:  # [B, V] float32
     """Triton version of gumbel_noise_ref (used by tests to check the two hashes agree)."""
-    _check(seeds, "seeds", torch.int64, 1, seeds.device)
-    _check(positions, "positions", torch.int64, 1, seeds.device)
-    if positions.shape != seeds.shape:
-        raise ValueError(f"positions shape {tuple(positions.shape)} != seeds shape {tuple(seeds.shape)}")
-    if not isinstance(vocab_size, int) or vocab_size < 0:
-        raise ValueError(f"vocab_size must be a non-negative int, got {vocab_size!r}")
+    _check_noise_args(seeds, positions, vocab_size)
     out = torch.empty(seeds.shape[0], vocab_size, dtype=torch.float32, device=seeds.device)  # [B, V] float32
     if out.numel() > 0:
         grid = (seeds.shape[0], triton.cdiv(vocab_size, _BLOCK_V))
