@@ -1,5 +1,6 @@
 """CUDA graphs on the GPU (`-m gpu`): eager, PIECEWISE and FULL execution give identical greedy tokens
-for awkward batch sizes (padded up to captured sizes) and for mixed prefill/decode steps; padded rows
+for awkward batch sizes (padded up to captured sizes), for mixed prefill/decode steps and for seeded and
+filtered sampling; padded rows
 of a FULL replay write no KV; the step loop with graphs never synchronises with the host.
 
 The model is a tiny fp32 Qwen3, so the three modes differ only in how the same math is launched.
@@ -100,6 +101,30 @@ def test_eager_piecewise_full_give_identical_tokens(engines: dict[str, LLM], bat
 def test_mixed_prefill_and_decode_steps_identical(engines: dict[str, LLM]) -> None:
     results = {name: _staggered(llm) for name, llm in engines.items()}
     assert len(results["eager"]) == 19
+    assert results["piecewise"] == results["eager"]
+    assert results["full"] == results["eager"]
+
+
+def test_seeded_and_filtered_sampling_identical_across_modes(engines: dict[str, LLM]) -> None:
+    """Seeded temperature batches are "plain" and run FULL (Gumbel noise inside the graph); top-k/top-p,
+    penalties and logprobs run PIECEWISE. The noise is a function of (seed, position), so every mode
+    draws the same tokens and reports the same logprobs."""
+    prompts = _prompts(13, 7)
+    plain = [SamplingParams(temperature=0.8, seed=i, max_tokens=NEW_TOKENS, ignore_eos=True) for i in range(13)]
+    filtered = [SamplingParams(temperature=0.9, seed=i, top_k=20, top_p=0.8, repetition_penalty=1.2, logprobs=3,
+                               max_tokens=NEW_TOKENS, ignore_eos=True) for i in range(13)]
+    results = {}
+    for name, llm in engines.items():
+        before = _counts(llm)
+        tokens = [o.outputs[0].token_ids for o in llm.generate(prompts, plain)]
+        middle = _counts(llm)
+        outs = llm.generate(prompts, filtered)
+        after = _counts(llm)
+        if name == "full":
+            assert middle.get(StepMode.FULL, 0) - before.get(StepMode.FULL, 0) >= NEW_TOKENS - 2
+            assert after.get(StepMode.FULL, 0) == middle.get(StepMode.FULL, 0)  # filtered batches never run FULL
+        results[name] = (tokens, [o.outputs[0].token_ids for o in outs],
+                         [[sorted(d) for d in o.outputs[0].logprobs] for o in outs])
     assert results["piecewise"] == results["eager"]
     assert results["full"] == results["eager"]
 
