@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import torch
+import torch.fx.experimental._config as fx_config
 from torch import nn
 
 from capture.manifest import MANIFEST_NAME, Manifest
@@ -26,19 +27,18 @@ WARMUP_TOKEN_COUNTS = (1, 3, 4, 16, 17, 64)
 
 
 def use_compile_cache(cache_dir: Path) -> None:
-    """Point Inductor's and Triton's on-disk caches at cache_dir (before anything is compiled).
+    """Point Inductor's and Triton's on-disk caches at cache_dir (before anything is compiled), with
+    AOTAutograd's cache on too, so a warm start neither re-traces nor re-compiles a piece.
 
-    AOTAutograd's cache stays off: on the H200 (torch 2.11) a warm start with it on missed one graph
-    (the first piece specialised to one token came out of AOTAutograd with other inputs than at
-    precompile time, so Inductor compiled it again); with it off, every graph was an FX-cache hit.
-    It only saves the re-trace, which is cheap next to Inductor's compile.
+    (The cache once missed a graph on the H200: Dynamo had lifted float attributes as 0-d inputs,
+    differently per process. `compile_model` now specialises floats, and every piece is a hit.)
     """
     import torch._functorch.config as functorch_config
 
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir / "inductor")
     os.environ["TRITON_CACHE_DIR"] = str(cache_dir / "triton")
     torch._inductor.config.fx_graph_cache = True
-    functorch_config.enable_autograd_cache = False
+    functorch_config.enable_autograd_cache = True
 
 
 # Dynamo counts compiled variants per code object, and every engine's model (same class, another
@@ -53,6 +53,16 @@ def compile_model(model: nn.Module, backend: PiecewiseBackend | None = None) -> 
     for name in ("recompile_limit", "cache_size_limit"):
         if hasattr(cfg, name):
             setattr(cfg, name, max(getattr(cfg, name), RECOMPILE_LIMIT))
+    # Float module attributes (norm eps, attention scale) are constants of a model. Traced as symbolic
+    # floats, Dynamo's scalar pass later gives up on them and restarts the whole trace (twice on the
+    # demo model: 3x Dynamo's time), and the lifted 0-d inputs differed between processes, which
+    # defeated AOTAutograd's cache. Specialised, the model traces once.
+    if hasattr(cfg, "specialize_float"):
+        cfg.specialize_float = True
+    # The profiling step's views span whole step buffers: duck sizing would give a view and its base
+    # one symbol, and the next (shorter) step would compile a third variant next to the general one
+    # and the one-token one (12 s of Dynamo on the 28-layer model).
+    fx_config.use_duck_shape = False
     return torch.compile(model, backend=backend or PiecewiseBackend(), fullgraph=True, dynamic=True)
 
 

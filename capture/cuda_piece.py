@@ -62,9 +62,9 @@ def weak_alias(t: Any) -> Any:
 
 
 def _is_buffer(a: Any) -> bool:
-    """A tensor a graph reads by address. Host scalars are not: Dynamo passes float module attributes
-    (norm eps, attention scale) as fresh 0-d CPU tensors on every call, and a graph holds their
-    values, captured as kernel arguments."""
+    """A tensor a graph reads by address. Host scalars are not: a graph holds their values, captured
+    as kernel arguments (Dynamo would pass float attributes so if `compile_model` did not specialise
+    them)."""
     return isinstance(a, torch.Tensor) and (a.dim() > 0 or a.device.type != "cpu")
 
 

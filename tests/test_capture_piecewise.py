@@ -10,6 +10,7 @@ import torch
 from tiny_models import make_tiny_model
 from torch._dynamo.utils import counters
 
+from capture.compiled import compile_model
 from capture.piecewise import PiecewiseBackend
 from graphrunner.attention import forward_context
 from graphrunner.attention.testing import contiguous_batch
@@ -62,3 +63,38 @@ def test_split_keeps_every_attention_call_alone() -> None:
     graph = torch.fx.symbolic_trace(f)
     backend(graph, [torch.zeros(2, 4)])
     assert len(backend.attention_pieces) == 2 and len(seen) == 3
+
+
+def test_step_buffer_views_trace_two_variants_without_lifted_floats(tmp_path: Path) -> None:
+    """The runner passes views of its step buffers, and its first (profiling) step spans a whole buffer.
+    `compile_model` must then make exactly two variants (any token count, and one token): no third from
+    duck-sizing a view with its base, and no float attribute lifted into a 0-d input."""
+    model_dir = make_tiny_model(tmp_path, "Qwen3ForCausalLM")
+    cfg = ModelConfig.from_dir(model_dir)
+    model = load_model(model_dir, cfg, torch.float32, torch.device("cpu"))
+    inputs_seen: list[list[object]] = []
+
+    def record(piece: torch.fx.GraphModule, example_inputs: list) -> object:
+        inputs_seen.append(list(example_inputs))
+        return piece
+
+    torch._dynamo.reset()
+    compiled = compile_model(model, PiecewiseBackend(compile_piece=record))
+    counters.clear()
+    ids_buf = torch.zeros(24, dtype=torch.int64)  # [T_max] int64, like the runner's step buffers
+    pos_buf = torch.zeros(24, dtype=torch.int64)
+    for lens in ([24], [5, 2], [1], [3], [1, 1, 1]):
+        n = sum(lens)
+        ids_buf[:n] = (torch.arange(n) * 7) % cfg.vocab_size
+        pos_buf[:n] = torch.cat([torch.arange(k) for k in lens])
+        meta, kv = contiguous_batch(lens, lens, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, 16, torch.float32,
+                                    "cpu")
+        with torch.inference_mode():
+            with forward_context(meta, kv):
+                got = compiled(ids_buf[:n], pos_buf[:n])
+            with forward_context(meta, kv):
+                want = model(ids_buf[:n].clone(), pos_buf[:n].clone())
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert counters["stats"]["unique_graphs"] == 2, dict(counters["stats"])
+    scalars = [a for inputs in inputs_seen for a in inputs if isinstance(a, torch.Tensor) and a.dim() == 0]
+    assert not scalars, f"{len(scalars)} 0-d inputs reached the pieces: float attributes were lifted"

@@ -67,16 +67,26 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--model", default="-", help="model directory (default: the shipped demo model)")
     ap.add_argument("--json", default="bench_startup.json")
+    ap.add_argument("--steps", default="eager,cold,precompile,warm",
+                    help="which measurements, in this order (warm needs precompile before it)")
     args = ap.parse_args()
+    order = args.steps.split(",")
+    if "warm" in order and ("precompile" not in order or order.index("precompile") > order.index("warm")):
+        ap.error("--steps: warm needs precompile before it")
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         cache = root / "precompiled"
-        steps = {"eager_first_token_s": lambda: _first_token(args.model, "eager", _empty_caches(root / "eager")),
-                 "cold_first_token_s": lambda: _first_token(args.model, "-", _empty_caches(root / "cold")),
-                 "precompile_s": lambda: _precompile(args.model, cache, _empty_caches(root / "pre")),
-                 "warm_first_token_s": lambda: _first_token(args.model, str(cache), _empty_caches(root / "warm"))}
+        steps = {"eager": ("eager_first_token_s", lambda: _first_token(args.model, "eager", _empty_caches(root / "eager"))),
+                 "cold": ("cold_first_token_s", lambda: _first_token(args.model, "-", _empty_caches(root / "cold"))),
+                 "precompile": ("precompile_s", lambda: _precompile(args.model, cache, _empty_caches(root / "pre"))),
+                 "warm": ("warm_first_token_s",
+                          lambda: _first_token(args.model, str(cache), _empty_caches(root / "warm")))}
+        unknown = set(order) - set(steps)
+        if unknown:
+            ap.error(f"--steps: unknown {sorted(unknown)}; choose from {list(steps)}")
         rows = {}
-        for name, measure in steps.items():
+        for step in order:
+            name, measure = steps[step]
             rows[name] = measure()
             print(f"  {name:<22} {rows[name]:8.2f} s", flush=True)
     env = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "python": sys.version.split()[0]}
