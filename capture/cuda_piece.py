@@ -63,8 +63,7 @@ def weak_alias(t: Any) -> Any:
 
 def _is_buffer(a: Any) -> bool:
     """A tensor a graph reads by address. Host scalars are not: a graph holds their values, captured
-    as kernel arguments (Dynamo would pass float attributes so if `compile_model` did not specialise
-    them)."""
+    as kernel arguments (unspecialised float attributes would arrive as 0-d CPU tensors)."""
     return isinstance(a, torch.Tensor) and (a.dim() > 0 or a.device.type != "cpu")
 
 

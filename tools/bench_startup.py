@@ -63,14 +63,20 @@ def _precompile(model: str, out: Path, env: dict[str, str]) -> float:
     return time.time() - t0
 
 
+STEPS = ("eager", "cold", "precompile", "warm")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--model", default="-", help="model directory (default: the shipped demo model)")
     ap.add_argument("--json", default="bench_startup.json")
-    ap.add_argument("--steps", default="eager,cold,precompile,warm",
+    ap.add_argument("--steps", default=",".join(STEPS),
                     help="which measurements, in this order (warm needs precompile before it)")
     args = ap.parse_args()
     order = args.steps.split(",")
+    unknown = set(order) - set(STEPS)
+    if unknown:
+        ap.error(f"--steps: unknown {sorted(unknown)}; choose from {list(STEPS)}")
     if "warm" in order and ("precompile" not in order or order.index("precompile") > order.index("warm")):
         ap.error("--steps: warm needs precompile before it")
     with tempfile.TemporaryDirectory() as tmp:
@@ -81,9 +87,6 @@ def main() -> None:
                  "precompile": ("precompile_s", lambda: _precompile(args.model, cache, _empty_caches(root / "pre"))),
                  "warm": ("warm_first_token_s",
                           lambda: _first_token(args.model, str(cache), _empty_caches(root / "warm")))}
-        unknown = set(order) - set(steps)
-        if unknown:
-            ap.error(f"--steps: unknown {sorted(unknown)}; choose from {list(steps)}")
         rows = {}
         for step in order:
             name, measure = steps[step]
