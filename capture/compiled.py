@@ -1,29 +1,23 @@
-"""Compiling the model with the piecewise backend, offline precompilation, and warm starts.
+"""Compiling the model with the piecewise backend, and warm starts from a precompiled directory.
 
-`precompile()` compiles every piece for the token-count specialisations a run will meet and
-leaves Inductor's (and Triton's) caches plus a manifest in one directory; an engine given that
-directory checks the manifest, points the caches at it, and compiles from cache hits.
+A precompiled directory (made by the front's `graphrunner.precompile`) holds Inductor's and Triton's
+caches plus a manifest; an engine given that directory checks the manifest, points the caches at
+it, and compiles from cache hits.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
-import time
 from pathlib import Path
 
 import torch
 import torch.fx.experimental._config as fx_config
 from torch import nn
 
-from capture.manifest import MANIFEST_NAME, Manifest
+from capture.manifest import Manifest
 from capture.piecewise import PiecewiseBackend
 from graphrunner.config import EngineConfig
-
-# Dynamo specialises token counts 0 and 1, and Inductor's cache keys of a symbolic graph can depend
-# on the size hint it was first traced with: precompile serves requests with prompts of these
-# lengths one after another (re-tracing for each), then single-token decodes.
-WARMUP_TOKEN_COUNTS = (1, 3, 4, 16, 17, 64)
+from model_states.base import ModelState
 
 
 def use_compile_cache(cache_dir: Path) -> None:
@@ -66,63 +60,29 @@ def compile_model(model: nn.Module, backend: PiecewiseBackend | None = None) -> 
     return torch.compile(model, backend=backend or PiecewiseBackend(), fullgraph=True, dynamic=True)
 
 
-def graph_sizes(config: EngineConfig) -> tuple[list[int], list[int]]:
+def graph_sizes(config: EngineConfig, model_state: ModelState) -> tuple[list[int], list[int]]:
     """(FULL decode batch sizes, piecewise token buckets) an engine with this config captures; both
     empty where it captures no CUDA graphs (CPU, enforce_eager, cudagraph_mode="none")."""
     if config.device.type != "cuda" or config.enforce_eager or config.cudagraph_mode == "none":
         return [], []
-    from model_states.registry import get_model_state
-
-    state = get_model_state(config.model.architecture)(config.model)
     sc = config.scheduler
     full = config.cudagraph_mode == "full_and_piecewise" and config.attention_backend == "triton"
-    return (state.decode_batch_sizes(sc.max_num_seqs) if full else []), state.token_buckets(sc.max_num_batched_tokens)
+    return ((model_state.decode_batch_sizes(sc.max_num_seqs) if full else []),
+            model_state.token_buckets(sc.max_num_batched_tokens))
 
 
-def manifest_for(config: EngineConfig) -> Manifest:
-    full, buckets = graph_sizes(config)
+def manifest_for(config: EngineConfig, model_state: ModelState) -> Manifest:
+    full, buckets = graph_sizes(config, model_state)
     return Manifest.current(config.model_dir, config.dtype, config.device, tuple(buckets), tuple(full))
 
 
-def prepare_compiled_model(model: nn.Module, config: EngineConfig) -> tuple[nn.Module, PiecewiseBackend]:
+def prepare_compiled_model(model: nn.Module, config: EngineConfig, model_state: ModelState
+                           ) -> tuple[nn.Module, PiecewiseBackend]:
     """For an engine: with a compile cache, check its manifest against this run and point the caches at it;
     then compile. Returns the compiled model and its backend (which lists the pieces it made)."""
     cache_dir = config.compile_cache
     if cache_dir is not None:
-        Manifest.load(cache_dir).check_matches(
-            manifest_for(config), cache_dir)
+        Manifest.load(cache_dir).check_matches(manifest_for(config, model_state), cache_dir)
         use_compile_cache(cache_dir)
     backend = PiecewiseBackend()
     return compile_model(model, backend), backend
-
-
-def precompile(config: EngineConfig, out_dir: Path) -> float:
-    """Compile everything for `config` into out_dir (caches + manifest); returns the seconds it took.
-
-    The compile happens inside a real engine serving short requests, so the cached graphs are
-    exactly the ones a later run asks for (same input layouts, the token-count variants above).
-    """
-    from graphrunner.engine import Engine
-    from graphrunner.sampling_params import SamplingParams
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    start = time.perf_counter()
-    manifest = manifest_for(config)
-    manifest.save(out_dir)
-    # With CUDA graphs, building the engine compiles every variant a run meets, traced in a fixed order
-    # (capture runs the largest bucket first, then down to one token): on the H200 a warm start asked
-    # for exactly the graphs the engine's construction made. Without graphs the first trace's size
-    # hint is the first request's length, so each count is served after a fresh Dynamo state.
-    retrace = graph_sizes(config) == ([], [])
-    try:
-        engine = Engine(dataclasses.replace(config, compile_cache=out_dir))
-        for count in WARMUP_TOKEN_COUNTS[1:] if retrace else WARMUP_TOKEN_COUNTS[-1:]:
-            if retrace:
-                torch._dynamo.reset()  # re-trace with this count as the size hint
-            engine.add_request({"prompt_token_ids": [0] * count}, SamplingParams(temperature=0.0, max_tokens=2))
-            while engine.has_unfinished():
-                engine.step()
-    except BaseException:
-        (out_dir / MANIFEST_NAME).unlink(missing_ok=True)  # a half-built cache must not look valid
-        raise
-    return time.perf_counter() - start

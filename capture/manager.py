@@ -1,6 +1,9 @@
 """The capture manager: captures FULL decode graphs and PIECEWISE piece graphs, largest first, into
 one shared memory pool, and tells the runner per step which of them to use (a GraphDispatcher).
 
+It is handed what it records (the ModelState for shapes and dummy inputs, the step buffers, and the
+step bodies at capture time) and never holds the runner.
+
 FULL graphs are keyed by (padded batch size, KV splits): long contexts at small batches need the
 split-KV attention, whose grid must be fixed when the graph is captured.
 """
@@ -20,18 +23,21 @@ import torch
 from capture import cuda_piece
 from capture.cuda_piece import GraphPiece, fast_capture, piecewise_graphs, weak_alias
 from graphrunner.attention.triton_attention import choose_num_splits
-from graphrunner.runner import ModelRunner
-from graphrunner.step_plan import StepMode, StepPlan
+from graphrunner.input_prep import StepBuffers
+from graphrunner.step_plan import StepBodies, StepMode, StepPlan
+from model_states.base import ModelState
 
 
 class CaptureManager:
     """Owns every CUDA graph of one runner; implements graphrunner.step_plan.GraphDispatcher."""
 
-    def __init__(self, runner: ModelRunner, pieces: list[GraphPiece] | None, full_sizes: list[int],
-                 token_sizes: list[int], num_kv_heads: int) -> None:
-        self.runner = runner
+    def __init__(self, model_state: ModelState, buffers: StepBuffers, pieces: list[GraphPiece] | None,
+                 full_sizes: list[int], token_sizes: list[int], max_model_len: int) -> None:
+        self.model_state = model_state
+        self.buffers = buffers
+        self.max_model_len = max_model_len
         self.pieces = pieces  # None: the model is not compiled into pieces, so no PIECEWISE mode
-        self.num_kv_heads = num_kv_heads
+        self.num_kv_heads = model_state.config.num_kv_heads
         self.full_sizes = sorted(full_sizes)  # empty: no FULL graphs
         self.token_sizes = sorted(token_sizes) if pieces is not None else []
         self.pool: Any = None  # the shared graph memory pool, made at the first capture
@@ -42,7 +48,7 @@ class CaptureManager:
 
     # -- dispatch ----------------------------------------------------------------------------
     def _long_splits(self, num_reqs: int) -> int:
-        return choose_num_splits(num_reqs, self.num_kv_heads, self.runner.max_model_len)
+        return choose_num_splits(num_reqs, self.num_kv_heads, self.max_model_len)
 
     def full_keys(self) -> list[tuple[int, int]]:
         keys = [(p, 1) for p in self.full_sizes]
@@ -58,7 +64,8 @@ class CaptureManager:
         if full_ok and self.full_sizes and num_reqs <= self.full_sizes[-1]:
             p = self.full_sizes[bisect.bisect_left(self.full_sizes, num_reqs)]
             want = choose_num_splits(p, self.num_kv_heads, max_seq_len)
-            return StepPlan(StepMode.FULL, p, p, self._long_splits(p) if want > 1 else 1)
+            return StepPlan(StepMode.FULL, p, p * self.model_state.uniform_query_len,
+                            self._long_splits(p) if want > 1 else 1)
         if self.token_sizes and 0 < num_tokens <= self.token_sizes[-1]:
             return StepPlan(StepMode.PIECEWISE, num_reqs,
                             self.token_sizes[bisect.bisect_left(self.token_sizes, num_tokens)])
@@ -76,7 +83,7 @@ class CaptureManager:
 
     # -- capture -----------------------------------------------------------------------------
     @torch.inference_mode()
-    def capture(self, largest_only: bool = False, progress: bool = True) -> None:
+    def capture(self, bodies: StepBodies, largest_only: bool = False, progress: bool = True) -> None:
         """Warm up and capture every size (or only the largest of each kind, to measure the pool)."""
         token_sizes = sorted(self.token_sizes, reverse=True)
         full_keys = self.full_keys()
@@ -86,21 +93,22 @@ class CaptureManager:
         # Graphs of an earlier capture (the measuring one) stay alive until this one is done: a pool
         # whose last graph dies is freed, and capturing into its handle afterwards is an error.
         retired = self.retire()
-        on_gpu = self.runner.device.type == "cuda"  # (tests drive the same flow on CPU with recorded "graphs")
+        on_gpu = self.buffers.step_rows.device.type == "cuda"  # (tests drive the same flow on CPU with recorded "graphs")
         if self.pool is None and on_gpu:
             self.pool = torch.cuda.graph_pool_handle()
         free_before = _free_bytes() if on_gpu else 0
         start = time.perf_counter()
         with _progress(len(token_sizes) + len(full_keys), progress and not largest_only) as bar, fast_capture():
             for size in token_sizes:
-                self.runner.dummy_forward(size)  # warm-up: Dynamo variants, Triton autotuning, cuBLAS handles
+                inputs, shape = self.model_state.dummy_inputs(self.buffers, size)
+                bodies.forward(inputs, shape)  # warm-up: Dynamo variants, Triton autotuning, cuBLAS handles
                 with piecewise_graphs(size, self.pool, capture=True):
-                    self.runner.dummy_forward(size)
+                    bodies.forward(inputs, shape)
                 bar(f"piecewise {size} tokens")
             for num_reqs, splits in full_keys:
-                self.runner.fill_padding_rows(num_reqs)
-                self.runner.full_decode_body(num_reqs, splits)
-                graph, outputs = cuda_piece._record(self.runner.full_decode_body, (num_reqs, splits), self.pool)
+                self.buffers.fill_padding_rows(num_reqs)
+                bodies.full_decode(num_reqs, splits)
+                graph, outputs = cuda_piece._record(bodies.full_decode, (num_reqs, splits), self.pool)
                 self._full[(num_reqs, splits)] = (graph, (weak_alias(outputs[0]), weak_alias(outputs[1])))
                 bar(f"full decode {num_reqs} x{splits}")
         self.capture_seconds = time.perf_counter() - start

@@ -74,8 +74,8 @@ def _generate(args: argparse.Namespace) -> int:
 def _precompile(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from capture.compiled import precompile
     from graphrunner.engine_args import build_engine_config
+    from graphrunner.precompile import precompile
 
     config = build_engine_config(model=args.model, dtype=args.dtype, device=args.device, seed=args.seed,
                                  max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,

@@ -82,6 +82,9 @@ class ModelConfig:
     sliding_window: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     bos_token_id: int | None = None
+    # the parsed config.json, for the few fields one architecture's ModelState reads (Llama's mlp_bias,
+    # Qwen's layer_types); not part of equality: two configs with the same hyper-parameters are equal
+    hf: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
@@ -136,6 +139,7 @@ class ModelConfig:
             sliding_window=hf.get("sliding_window") if use_sw else None,
             eos_token_ids=eos_ids,
             bos_token_id=hf.get("bos_token_id"),
+            hf=dict(hf),
         )
 
     @classmethod

@@ -22,6 +22,7 @@ from graphrunner.sampling_params import SamplingParams
 from graphrunner.scheduler import Scheduler, SchedulerOutput
 from graphrunner.tokenizer import load_tokenizer
 from graphrunner.worker import build_runner
+from model_states import ModelState
 
 _SEED_MASK = (1 << 63) - 1
 
@@ -34,10 +35,10 @@ def derive_seed(seed: int, index: int) -> int:
 
 
 class Engine:
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, model_state: ModelState | None = None) -> None:
         self.config = config
         self.tokenizer = load_tokenizer(config.tokenizer_dir)
-        self.runner, num_blocks = build_runner(config)
+        self.runner, num_blocks = build_runner(config, model_state)
         self.scheduler = Scheduler(config.scheduler, BlockPool(num_blocks), config.cache.block_size)
         self._rng = random.Random(config.seed)
         self._parents: dict[str, ParentRequest] = {}
@@ -146,7 +147,6 @@ class Engine:
         if previous is None:
             return []
         prev_sched, prev_out = previous
-        results = prev_out.result()
-        changed = self.scheduler.update(prev_sched, results["sampled"].tolist(),
-                                        results["nonfinite"].tolist())
-        return self._outputs.process(self._parents, changed, results, prev_out.info, self.scheduler.finish)
+        result = prev_out.result()
+        changed = self.scheduler.update(prev_sched, result.sampled.tolist(), result.nonfinite.tolist())
+        return self._outputs.process(self._parents, changed, result, self.scheduler.finish)

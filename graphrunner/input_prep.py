@@ -31,9 +31,13 @@ class StepInputs:
 
 class StepBuffers:
     """Persistent step-input tensors at their largest sizes; each step writes views of them, so a
-    captured CUDA graph (and the model's first compiled piece) always reads the same addresses."""
+    captured CUDA graph (and the model's first compiled piece) always reads the same addresses.
 
-    def __init__(self, max_reqs: int, max_tokens: int, max_block_cols: int, device: torch.device) -> None:
+    `step_rows` holds a step's (padded) state-table rows, then its per-row token counts: the host
+    ships both in one H2D copy, and a FULL graph reads them at a fixed address."""
+
+    def __init__(self, max_reqs: int, max_tokens: int, max_block_cols: int, device: torch.device,
+                 padding_row: int | None = None) -> None:
         i32, i64 = {"dtype": torch.int32, "device": device}, {"dtype": torch.int64, "device": device}
         self.input_ids = torch.zeros(max_tokens, **i64)             # [T_max] int64
         self.positions = torch.zeros(max_tokens, **i64)             # [T_max] int64
@@ -42,6 +46,9 @@ class StepBuffers:
         self.slot_mapping = torch.full((max_tokens,), -1, **i64)    # [T_max] int64
         self.block_table = torch.zeros(max_reqs * max_block_cols, **i32)  # [B_max * C_max] int32, viewed [B, C]
         self.logits_indices = torch.zeros(max_reqs, **i64)          # [B_max] int64
+        self.step_rows = torch.zeros(2 * max_reqs, **i32)           # [2 * B_max] int32: P rows, then P counts
+        self.max_block_cols = max_block_cols
+        self.padding_row = max_reqs if padding_row is None else padding_row  # a state row no request owns
 
     def views(self, num_reqs: int, num_tokens: int, num_block_cols: int) -> StepInputs:
         if num_tokens > self.input_ids.shape[0] or num_reqs > self.seq_lens.shape[0]:
@@ -52,6 +59,15 @@ class StepBuffers:
                           self.slot_mapping[:num_tokens],
                           self.block_table[:num_reqs * num_block_cols].view(num_reqs, num_block_cols),
                           self.logits_indices[:num_reqs])
+
+    def rows(self, num_reqs: int, padded: int) -> tuple[Tensor, Tensor]:
+        """(idx_mapping [num_reqs] int32, num_scheduled [num_reqs] int32) of a step padded to `padded` rows."""
+        return self.step_rows[:num_reqs], self.step_rows[padded:padded + num_reqs]
+
+    def fill_padding_rows(self, num_reqs: int) -> None:
+        """Point the first num_reqs step rows at the padding row with 0 tokens (capture's dummy batch)."""
+        self.step_rows[:num_reqs].fill_(self.padding_row)
+        self.step_rows[num_reqs:2 * num_reqs].zero_()
 
 
 def _check_args(

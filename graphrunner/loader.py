@@ -1,7 +1,7 @@
 """Load an HF safetensors checkpoint into a graphrunner model, strictly.
 
-The model is built by its ModelState on the meta device (no double initialisation), materialised
-on the target device, then filled: HF names map 1:1 onto parameters except fused ones (the model's
+The model is built by whatever builds it (the architecture's ModelState, handed in by the front) on
+the meta device (no double initialisation), materialised on the target device, then filled: HF names map 1:1 onto parameters except fused ones (the model's
 `packed_modules`), whose shards are copied into their slices. Missing or unexpected weights raise.
 """
 
@@ -10,16 +10,11 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Protocol
 
 import torch
 from safetensors import safe_open
 from torch import nn
-
-from graphrunner.config import ModelConfig
-
-if TYPE_CHECKING:
-    from model_states.base import ModelState
 
 _INDEX_FILE = "model.safetensors.index.json"
 _SINGLE_FILE = "model.safetensors"
@@ -122,24 +117,15 @@ def load_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]]) 
         raise ValueError(f"checkpoint is missing weights: {_name_list(missing)}")
 
 
-def _read_hf_config(model_dir: Path) -> dict[str, Any]:
-    path = model_dir / "config.json"
-    return json.loads(path.read_text()) if path.is_file() else {}
+class ModelBuilder(Protocol):
+    """Builds the model without its weights (model_states.ModelState is one)."""
+
+    def build_model(self, dtype: torch.dtype, device: torch.device | str) -> nn.Module: ...
 
 
-def load_model(model_dir: Path, config: ModelConfig, dtype: torch.dtype, device: torch.device | str,
-               state: ModelState | None = None) -> nn.Module:
-    """Build the model for `config.architecture` and load its weights; eval mode, no grads.
-
-    `state` (a model_states.ModelState) defaults to the registry's state for the architecture,
-    built with the directory's raw config.json (for fields ModelConfig does not carry).
-    """
-    from model_states.registry import get_model_state  # model_states imports graphrunner: import late
-
-    model_dir = Path(model_dir)
-    if state is None:
-        state = get_model_state(config.architecture)(config, _read_hf_config(model_dir))
-    files = checkpoint_files(model_dir)
-    model = state.build_model(dtype, torch.device(device))
+def load_model(model_dir: Path, builder: ModelBuilder, dtype: torch.dtype, device: torch.device | str) -> nn.Module:
+    """Build the model with `builder` (the architecture's ModelState) and load its weights; eval mode, no grads."""
+    files = checkpoint_files(Path(model_dir))
+    model = builder.build_model(dtype, torch.device(device))
     load_weights(model, iter_checkpoint(files))
     return model

@@ -9,11 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
+from graphrunner.async_output import StepOutput
 from graphrunner.detokenizer import IncrementalDetokenizer
 from graphrunner.outputs import CompletionOutput, Logprob, RequestOutput
 from graphrunner.request import Request
+from graphrunner.sampling.logprobs import LogprobsTensors
 
 
 @dataclass
@@ -44,13 +44,13 @@ class ParentRequest:
 
 
 class LogprobRows:
-    """Host copies of one LogprobsTensors (prefix 'lp' or 'plp' in a step's results)."""
+    """Host lists of one LogprobsTensors (a step's sampled-token or prompt logprobs)."""
 
-    def __init__(self, results: dict[str, torch.Tensor], prefix: str) -> None:
-        self.top_ids = results[f"{prefix}.top_ids"].tolist()
-        self.top_logprobs = results[f"{prefix}.top_logprobs"].tolist()
-        self.token_logprob = results[f"{prefix}.token_logprob"].tolist()
-        self.token_rank = results[f"{prefix}.token_rank"].tolist()
+    def __init__(self, tensors: LogprobsTensors) -> None:
+        self.top_ids = tensors.top_ids.tolist()
+        self.top_logprobs = tensors.top_logprobs.tolist()
+        self.token_logprob = tensors.token_logprob.tolist()
+        self.token_rank = tensors.token_rank.tolist()
 
     def entry(self, n: int, token: int, k: int, decode: Any) -> dict[int, Logprob]:
         """The sampled/actual token first, then the top k (vLLM's layout)."""
@@ -67,12 +67,11 @@ class OutputProcessor:
     def _decode(self, token: int) -> str | None:
         return self.tokenizer.decode([token]) if self.tokenizer is not None else None
 
-    def process(self, parents: dict[str, ParentRequest], changed: list[tuple[int, Request]],
-                results: dict[str, torch.Tensor], info: dict[str, object],
+    def process(self, parents: dict[str, ParentRequest], changed: list[tuple[int, Request]], result: StepOutput,
                 finish: Any) -> list[RequestOutput]:
         """Fold one step's results into the parents; `finish(req, reason, stop)` ends a request on a stop string."""
-        lp = LogprobRows(results, "lp") if "lp.top_ids" in results else None
-        self._prompt_logprobs(parents, results, info)
+        lp = LogprobRows(result.logprobs) if result.logprobs is not None else None
+        self._prompt_logprobs(parents, result)
         touched: dict[str, ParentRequest] = {}
         for b, req in changed:
             parent = parents.get(req.parent_id)
@@ -99,18 +98,16 @@ class OutputProcessor:
             results_out.append(out)
         return results_out
 
-    def _prompt_logprobs(self, parents: dict[str, ParentRequest], results: dict[str, torch.Tensor],
-                         info: dict[str, object]) -> None:
-        spans = info.get("prompt_logprob_spans")
-        if not spans:
+    def _prompt_logprobs(self, parents: dict[str, ParentRequest], result: StepOutput) -> None:
+        if result.prompt_logprobs is None:
             return
-        rows = LogprobRows(results, "plp")
+        rows = LogprobRows(result.prompt_logprobs)
         n = 0
-        for _b, first, count, parent_id in spans:  # type: ignore[attr-defined]
-            parent = parents.get(parent_id)
+        for span in result.prompt_logprob_spans:
+            parent = parents.get(span.parent_id)
             if parent is not None and parent.prompt_logprobs is not None:
                 k = parent.children[0].params.prompt_logprobs or 0
-                for i in range(count):
-                    token = parent.prompt_token_ids[first + i + 1]
-                    parent.prompt_logprobs[first + i + 1] = rows.entry(n + i, token, k, self._decode)
-            n += count
+                for i in range(span.count):
+                    pos = span.first + i + 1
+                    parent.prompt_logprobs[pos] = rows.entry(n + i, parent.prompt_token_ids[pos], k, self._decode)
+            n += span.count

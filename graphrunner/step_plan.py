@@ -1,4 +1,5 @@
-"""How one step runs: eagerly, through piecewise CUDA graphs, or as one FULL graph replay.
+"""How one step runs and what shape it has: eagerly, through piecewise CUDA graphs, or as one FULL
+graph replay (StepPlan), and the host-side counts its attention metadata is built from (StepShape).
 
 The runner asks a GraphDispatcher (capture/manager.py implements it) for a StepPlan and follows
 it; the plan's sizes are the padded ones the graphs were captured for.
@@ -7,11 +8,14 @@ it; the plan's sizes are the padded ones the graphs were captured for.
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Protocol
 
 import torch
+
+from graphrunner.input_prep import StepInputs
 
 
 class StepMode(enum.Enum):
@@ -28,6 +32,27 @@ class StepPlan:
     num_splits: int = 1  # FULL: the KV split count its graph was captured with
 
 
+@dataclass(frozen=True)
+class StepShape:
+    """Host-side counts of one forward, known before launch (nothing is read back from the device).
+
+    A FULL graph's shape cannot follow the batch's lengths: it says max_model_len for every row and
+    fixes num_splits; eager and piecewise steps give the exact lengths and let the backend choose."""
+
+    num_reqs: int
+    num_tokens: int                 # padding included
+    query_lens: tuple[int, ...]     # len num_reqs
+    seq_lens: tuple[int, ...]       # len num_reqs, context including this step's tokens
+    num_splits: int | None = None   # split-KV count fixed at capture (FULL); None = backend's choice
+
+    def __post_init__(self) -> None:
+        if len(self.query_lens) != self.num_reqs or len(self.seq_lens) != self.num_reqs:
+            raise ValueError(f"a step of {self.num_reqs} requests needs as many query and sequence lengths, "
+                             f"got {len(self.query_lens)} and {len(self.seq_lens)}")
+        if sum(self.query_lens) > self.num_tokens:
+            raise ValueError(f"{sum(self.query_lens)} query tokens do not fit a step of {self.num_tokens} tokens")
+
+
 class GraphDispatcher(Protocol):
     def plan(self, num_reqs: int, num_tokens: int, max_seq_len: int, full_ok: bool) -> StepPlan:
         """full_ok: the batch is a uniform decode whose sampling the FULL graph covers."""
@@ -37,3 +62,14 @@ class GraphDispatcher(Protocol):
 
     def replay_full(self, plan: StepPlan) -> tuple[torch.Tensor, torch.Tensor]:
         """Replay the FULL graph; returns its (sampled [P] int32, nonfinite [P] bool) buffers."""
+
+
+@dataclass(frozen=True)
+class StepBodies:
+    """What capture records, handed over as arguments (capture never holds the runner)."""
+
+    # the model over prepared inputs, attention context set: returns hidden states [T, hidden]
+    forward: Callable[[StepInputs, StepShape], torch.Tensor]
+    # prepare..update of a uniform decode over the first P step rows, with a fixed KV split count:
+    # (num_reqs P, num_splits) -> (sampled [P] int32, nonfinite [P] bool)
+    full_decode: Callable[[int, int], tuple[torch.Tensor, torch.Tensor]]

@@ -1,4 +1,5 @@
-"""Building the device side of an engine: model, KV cache sized to free memory, state table, runner.
+"""Building the device side of an engine: the ModelState (once), model, KV cache sized to free memory,
+state table, runner, and the capture manager wired to the runner's step bodies.
 
 On CUDA the KV cache takes what a profiling forward of the largest step leaves free under
 gpu_memory_utilization; on CPU it is capped so a laptop is not asked for gigabytes.
@@ -8,11 +9,14 @@ from __future__ import annotations
 
 import torch
 
+from capture.compiled import graph_sizes, prepare_compiled_model
+from capture.manager import CaptureManager
 from graphrunner.config import EngineConfig
 from graphrunner.kv_cache import allocate_kv_cache, blocks_needed, kv_bytes_per_block
 from graphrunner.loader import load_model
 from graphrunner.runner import ModelRunner
 from graphrunner.state_table import StateTable
+from model_states import ModelState, get_model_state
 
 CPU_KV_CAP_BYTES = 256 << 20  # a laptop-sized default; num_gpu_blocks_override raises it
 # The pool measured with the largest graphs, plus room for the smaller graphs' own outputs and
@@ -20,32 +24,25 @@ CPU_KV_CAP_BYTES = 256 << 20  # a laptop-sized default; num_gpu_blocks_override 
 GRAPH_POOL_MARGIN = 1.25
 
 
+def build_model_state(config: EngineConfig) -> ModelState:
+    """The engine's one ModelState: the registry's class for the architecture, with the engine's block size."""
+    return get_model_state(config.model.architecture)(config.model, block_size=config.cache.block_size)
+
+
 def _profile_peak_bytes(runner: ModelRunner, config: EngineConfig) -> int:
     """Peak CUDA memory of a forward over max_num_batched_tokens tokens (one prefill, nothing written).
 
     The inputs are the runner's own step buffers: a compiled model then sees the same kind of tensor
     here as in every later step (fresh inference tensors would make Dynamo compile a second variant)."""
-    from graphrunner.attention import AttentionMetadata, forward_context
-
-    sc, bs = config.scheduler, config.cache.block_size
+    sc = config.scheduler
     t = min(sc.max_num_batched_tokens, sc.max_model_len)
-    dev = config.device
-    torch.cuda.reset_peak_memory_stats(dev)
-    inputs = runner.buffers.views(1, t, blocks_needed(t, bs))
-    inputs.positions.copy_(torch.arange(t, device=dev))
-    meta = AttentionMetadata(
-        num_reqs=1, num_tokens=t, max_query_len=t, max_seq_len=t, block_size=bs,
-        query_start_loc=torch.tensor([0, t], dtype=torch.int32, device=dev),
-        seq_lens=torch.tensor([t], dtype=torch.int32, device=dev),
-        block_table=torch.zeros(1, blocks_needed(t, bs), dtype=torch.int32, device=dev),
-        slot_mapping=torch.full((t,), -1, dtype=torch.int64, device=dev),
-        query_lens_cpu=[t], seq_lens_cpu=[t],
-    )
-    with torch.inference_mode(), forward_context(meta, runner.kv_cache, config.attention_backend):
-        hidden = runner.model(inputs.input_ids, inputs.positions)
+    torch.cuda.reset_peak_memory_stats(config.device)
+    with torch.inference_mode():
+        inputs, shape = runner.model_state.dummy_inputs(runner.buffers, t, prefill=True)
+        hidden = runner.run_model(inputs, shape)
         runner.model.compute_logits(hidden[: sc.max_num_seqs])
-    torch.cuda.synchronize(dev)
-    peak = torch.cuda.max_memory_allocated(dev)
+    torch.cuda.synchronize(config.device)
+    peak = torch.cuda.max_memory_allocated(config.device)
     del hidden
     torch.cuda.empty_cache()
     return peak
@@ -72,7 +69,7 @@ def choose_num_blocks(config: EngineConfig, peak_bytes: int = 0, reserved_bytes:
     return num
 
 
-def build_runner(config: EngineConfig) -> tuple[ModelRunner, int]:
+def build_runner(config: EngineConfig, model_state: ModelState | None = None) -> tuple[ModelRunner, int]:
     """Load (and compile) the model, capture its CUDA graphs and size the KV cache around them; returns
     (runner, num KV blocks).
 
@@ -80,39 +77,33 @@ def build_runner(config: EngineConfig) -> tuple[ModelRunner, int]:
     pool, the real cache takes what is left, and then every graph is captured against it (a graph
     bakes in the cache's address).
     """
-    model = load_model(config.model_dir, config.model, config.dtype, config.device)
+    model_state = model_state or build_model_state(config)
+    model = load_model(config.model_dir, model_state, config.dtype, config.device)
     compile_on_gpu = config.device.type == "cuda" and not config.enforce_eager
-    use_graphs = compile_on_gpu and config.cudagraph_mode != "none"
     backend = None
     if config.compile_cache is not None or compile_on_gpu:
-        from capture.compiled import prepare_compiled_model  # capture builds on graphrunner: import late
-
-        model, backend = prepare_compiled_model(model, config)
+        model, backend = prepare_compiled_model(model, config, model_state)
     sc, bs = config.scheduler, config.cache.block_size
     state = StateTable(sc.max_num_seqs, sc.max_model_len, blocks_needed(sc.max_model_len, bs), config.device,
                        config.use_triton)
     placeholder = allocate_kv_cache(config.model, 2, bs, config.dtype, config.device)
-    runner = ModelRunner(model, placeholder, state, bs, config.use_triton, config.logprobs_mode,
+    runner = ModelRunner(model, model_state, placeholder, state, config.use_triton, config.logprobs_mode,
                          config.attention_backend, sc.max_num_batched_tokens)
     manager = None
-    reserved = 0
-    if use_graphs:
-        from capture.compiled import graph_sizes
-        from capture.manager import CaptureManager
-
-        full_sizes, token_sizes = graph_sizes(config)
+    if compile_on_gpu and config.cudagraph_mode != "none":
+        full_sizes, token_sizes = graph_sizes(config, model_state)
         pieces = backend.graph_pieces if backend is not None else None
-        manager = CaptureManager(runner, pieces, full_sizes, token_sizes, config.model.num_kv_heads)
-    peak = 0
+        manager = CaptureManager(model_state, runner.buffers, pieces, full_sizes, token_sizes, sc.max_model_len)
+    peak = reserved = 0
     if config.device.type == "cuda" and config.cache.num_blocks is None:
         peak = _profile_peak_bytes(runner, config)  # (compiles the model at the largest step first)
     if manager is not None:
-        manager.capture(largest_only=True)
+        manager.capture(runner.capture_bodies(), largest_only=True)
         reserved = int(manager.pool_bytes * GRAPH_POOL_MARGIN)
     num_blocks = choose_num_blocks(config, peak, reserved)
     runner.kv_cache = allocate_kv_cache(config.model, num_blocks, bs, config.dtype, config.device)
     del placeholder
     if manager is not None:
-        manager.capture()
+        manager.capture(runner.capture_bodies())
         runner.graphs = manager
     return runner, num_blocks

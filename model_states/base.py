@@ -1,47 +1,59 @@
-"""ModelState: what the shared runner must not hard-code about an architecture.
+"""ModelState: the runner's per-architecture partner, and the only place it asks about one.
 
-One subclass per architecture (model_states/<arch>.py) names the model class and its extra
-constructor arguments; this base supplies the attention needs (scale, per-layer sliding window),
-the default capture shapes and the dummy inputs used for warm-up and CUDA-graph capture.
+Built once per engine and held by the runner (and handed to capture), a ModelState builds the
+model, turns a step's device inputs into attention metadata (`prepare_attn`, used by eager,
+PIECEWISE, FULL and capture alike), declares the capture shapes and the dummy inputs for warm-up
+and capture, and offers hooks for what the model returns besides hidden states and for per-request
+state at admission. One subclass per architecture (model_states/<arch>.py) says what differs.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 
+from graphrunner.attention import AttentionMetadata
 from graphrunner.config import ModelConfig
+from graphrunner.input_prep import StepBuffers, StepInputs
+from graphrunner.request import Request
+from graphrunner.step_plan import StepShape
 
 # Largest decode batch captured as a full graph and largest piecewise token bucket by default.
 MAX_CAPTURE_BATCH_SIZE = 512
 MAX_TOKEN_BUCKET = 2048  # larger steps are compute-bound: they run compiled, without graphs
 
 
-class ModelState(ABC):
-    """Per-architecture decisions, built from a ModelConfig plus (optionally) the raw HF config dict.
+@dataclass
+class ModelOutput:
+    """What one forward returns: the final hidden states, plus any the architecture exposes for drafting."""
 
-    Usage by the runner:
-        state = get_model_state(cfg.architecture)(cfg, hf_config)   # hf_config: parsed config.json
-        model = graphrunner.loader.load_model(model_dir, cfg, dtype, device, state=state)
-    `load_model` calls `state.build_model(dtype, device)`, which returns the module with
-    *uninitialised* weights (built on the meta device, then materialised with `to_empty`; computed
-    buffers such as rope tables are filled by each module's `reset_buffers()`), and then loads the
-    checkpoint into it. `hf_config` is needed only for fields ModelConfig lacks (Llama `mlp_bias`,
-    Qwen `layer_types`/`max_window_layers`); without it those fall back to their HF defaults.
+    hidden: torch.Tensor                                        # [T, hidden]
+    aux_hidden: list[torch.Tensor] = field(default_factory=list)  # e.g. EAGLE-3's chosen layers, [T, hidden] each
+
+
+class ModelState(ABC):
+    """Per-architecture decisions for one engine.
+
+        state = get_model_state(cfg.architecture)(cfg, block_size=16)
+        model = graphrunner.loader.load_model(model_dir, state, dtype, device)
+
+    `hf_config` (the parsed config.json) defaults to `config.hf`; it is read only for fields
+    ModelConfig lacks (Llama's `mlp_bias`, Qwen's `layer_types` / `max_window_layers`).
     """
 
-    def __init__(self, config: ModelConfig, hf_config: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, config: ModelConfig, hf_config: Mapping[str, Any] | None = None, *, block_size: int = 16,
+                 num_speculative_tokens: int = 0) -> None:
+        if num_speculative_tokens < 0:
+            raise ValueError(f"num_speculative_tokens must be >= 0, got {num_speculative_tokens}")
         self.config = config
-        self.hf_config: Mapping[str, Any] = dict(hf_config or {})
-
-    @classmethod
-    def from_config(cls, config: ModelConfig, hf_config: Mapping[str, Any] | None = None) -> ModelState:
-        """Same as the constructor; kept as the named entry point."""
-        return cls(config, hf_config)
+        self.hf_config: Mapping[str, Any] = dict(hf_config if hf_config is not None else config.hf)
+        self.block_size = block_size
+        self.num_speculative_tokens = num_speculative_tokens
 
     # ---- model construction -------------------------------------------------------------------
 
@@ -57,7 +69,9 @@ class ModelState(ABC):
         }
 
     def build_model(self, dtype: torch.dtype, device: torch.device | str) -> nn.Module:
-        """The model in eval mode without grads, parameters in `dtype` on `device`, weights NOT loaded."""
+        """The model in eval mode without grads, parameters in `dtype` on `device`, weights NOT loaded
+        (built on the meta device, then materialised; computed buffers such as rope tables are filled
+        by each module's `reset_buffers()`)."""
         with torch.device("meta"):
             model = self.model_class()(self.config, **self.model_kwargs())
         model = model.to(dtype=dtype).to_empty(device=torch.device(device))
@@ -67,27 +81,39 @@ class ModelState(ABC):
                 reset()
         return model.eval().requires_grad_(False)
 
-    # ---- attention needs ----------------------------------------------------------------------
+    def forward(self, model: nn.Module, input_ids: torch.Tensor, positions: torch.Tensor) -> ModelOutput:
+        """One forward over a step's tokens; an architecture returning more (hidden states for an EAGLE
+        head) overrides this."""
+        return ModelOutput(model(input_ids, positions))
+
+    # ---- attention ----------------------------------------------------------------------------
 
     @property
     def attention_scale(self) -> float:
-        """Softmax scale applied to q.k (1/sqrt(head_dim) for every supported architecture)."""
+        """Softmax scale applied to q.k (1/sqrt(head_dim) unless an architecture says otherwise)."""
         return self.config.head_dim ** -0.5
 
     def sliding_window(self, layer_idx: int) -> int | None:
-        """Sliding window of one layer (None = full attention), following HF's `layer_types`."""
-        window = self.config.sliding_window
-        if window is None:
-            return None
-        layer_types = self.hf_config.get("layer_types")
-        if layer_types:
-            return window if layer_types[layer_idx] == "sliding_attention" else None
-        max_window_layers = self.hf_config.get("max_window_layers")
-        if max_window_layers is not None:
-            return window if layer_idx >= max_window_layers else None
-        return window
+        """Sliding window of one layer; None = full attention. Full on every layer unless the
+        architecture's own file says otherwise."""
+        return None
+
+    def prepare_attn(self, inputs: StepInputs, shape: StepShape) -> AttentionMetadata:
+        """The attention metadata of one forward from its prepared device inputs and host counts."""
+        cache = {} if shape.num_splits is None else {"num_splits": shape.num_splits}
+        return AttentionMetadata(
+            num_reqs=shape.num_reqs, num_tokens=shape.num_tokens, max_query_len=max(shape.query_lens, default=0),
+            max_seq_len=max(shape.seq_lens, default=0), block_size=self.block_size,
+            query_start_loc=inputs.query_start_loc, seq_lens=inputs.seq_lens, block_table=inputs.block_table,
+            slot_mapping=inputs.slot_mapping, query_lens_cpu=list(shape.query_lens),
+            seq_lens_cpu=list(shape.seq_lens), backend_cache=cache)
 
     # ---- capture shapes -----------------------------------------------------------------------
+
+    @property
+    def uniform_query_len(self) -> int:
+        """Tokens per request in a uniform decode (FULL) step: 1 plus the draft tokens being verified."""
+        return 1 + self.num_speculative_tokens
 
     def decode_batch_sizes(self, max_num_seqs: int) -> list[int]:
         """Batch sizes captured as full decode graphs: 1, 2, 4, 8, 16, 24, ... (step 8), ending at
@@ -112,9 +138,29 @@ class ModelState(ABC):
             sizes.append(limit)
         return sizes
 
-    def dummy_inputs(self, num_tokens: int, device: torch.device | str) -> dict[str, torch.Tensor]:
-        """Model inputs for warm-up/capture: call `model(**state.dummy_inputs(n, device))`."""
-        input_ids = torch.zeros(num_tokens, dtype=torch.int64, device=device)  # [T] int64
-        positions = torch.arange(num_tokens, dtype=torch.int64, device=device)  # [T] int64
-        positions = positions % self.config.max_position_embeddings
-        return {"input_ids": input_ids, "positions": positions}
+    def dummy_inputs(self, buffers: StepBuffers, num_tokens: int, prefill: bool = False
+                     ) -> tuple[StepInputs, StepShape]:
+        """Inputs for warm-up, capture and memory profiling, written into the step buffers (a compiled
+        model then sees the same tensors it sees in every later step). No request owns them and no KV is
+        written (slot -1); `prefill` makes them one request over all tokens (the profiling shape), else
+        padding tokens of no request."""
+        num_reqs = 1 if prefill else 0
+        cols = -(-num_tokens // self.block_size) if prefill else 0
+        inputs = buffers.views(num_reqs, num_tokens, cols)
+        inputs.input_ids.zero_()
+        torch.arange(num_tokens, out=inputs.positions)
+        inputs.positions.remainder_(self.config.max_position_embeddings)
+        inputs.slot_mapping.fill_(-1)
+        inputs.block_table.zero_()
+        if prefill:
+            inputs.query_start_loc.copy_(torch.tensor([0, num_tokens], dtype=torch.int32))
+            inputs.seq_lens.fill_(num_tokens)
+            inputs.logits_indices.fill_(num_tokens - 1)
+        lens = (num_tokens,) * num_reqs
+        return inputs, StepShape(num_reqs, num_tokens, lens, lens)
+
+    # ---- per-request state --------------------------------------------------------------------
+
+    def add_request(self, row: int, request: Request) -> None:
+        """Admission of a request into state-table `row`: an architecture with per-request state of its
+        own (M-RoPE positions, prompt embeddings) stages it here. Nothing by default."""

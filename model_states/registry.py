@@ -13,6 +13,7 @@ _REGISTRY: dict[str, str] = {
     "Qwen3ForCausalLM": "model_states.qwen3:Qwen3ModelState",
     "LlamaForCausalLM": "model_states.llama:LlamaModelState",
     "Qwen2ForCausalLM": "model_states.qwen2:Qwen2ModelState",
+    "MistralForCausalLM": "model_states.mistral:MistralModelState",
 }
 
 

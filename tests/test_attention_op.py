@@ -44,7 +44,7 @@ def test_compile_keeps_attention_opaque() -> None:
 def test_whole_model_compiles_with_one_opaque_attention_per_layer(tmp_path: object) -> None:
     from pathlib import Path
 
-    from tiny_models import make_tiny_model
+    from tiny_models import make_tiny_model, model_state_for
 
     from graphrunner.attention import forward_context
     from graphrunner.config import ModelConfig
@@ -52,7 +52,7 @@ def test_whole_model_compiles_with_one_opaque_attention_per_layer(tmp_path: obje
 
     model_dir = make_tiny_model(Path(str(tmp_path)), "Qwen3ForCausalLM")
     cfg = ModelConfig.from_dir(model_dir)
-    model = load_model(model_dir, cfg, torch.float32, torch.device("cpu"))
+    model = load_model(model_dir, model_state_for(model_dir), torch.float32, torch.device("cpu"))
     graphs: list[list[str]] = []
 
     def backend(gm: torch.fx.GraphModule, example_inputs: list) -> object:

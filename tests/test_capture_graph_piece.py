@@ -109,8 +109,9 @@ def test_engine_through_recorded_graphs_matches_eager(tmp_path: Any) -> None:
     runner = llm.engine.runner
     backend = PiecewiseBackend(compile_piece=lambda piece, example_inputs: piece)  # no Inductor: fast on CPU
     runner.model = compile_model(runner.model, backend)
-    manager = CaptureManager(runner, backend.graph_pieces, [1, 2, 4, 8], [1, 2, 4, 8, 16, 32], 2)
-    manager.capture(progress=False)
+    manager = CaptureManager(runner.model_state, runner.buffers, backend.graph_pieces, [1, 2, 4, 8],
+                             [1, 2, 4, 8, 16, 32], runner.max_model_len)
+    manager.capture(runner.capture_bodies(), progress=False)
     runner.graphs = manager
     got = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
     assert got == expected

@@ -9,21 +9,25 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from tiny_models import make_tiny_model
 
 from capture.manager import CaptureManager
 from graphrunner import LLM, SamplingParams
 from graphrunner.attention.triton_attention import choose_num_splits
-from graphrunner.step_plan import StepMode, StepPlan
+from graphrunner.config import ModelConfig
+from graphrunner.input_prep import StepBuffers
+from graphrunner.step_plan import StepBodies, StepMode, StepPlan
+from model_states.llama import LlamaModelState
 
-
-class _Runner:
-    max_model_len = 4096
+_CFG = ModelConfig("LlamaForCausalLM", vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=1,
+                   num_heads=8, num_kv_heads=8, head_dim=4)
 
 
 def _manager(full: bool = True, pieces: list | None = None) -> CaptureManager:
-    return CaptureManager(_Runner(), [] if pieces is None else pieces,  # type: ignore[arg-type]
-                          [1, 2, 4, 8, 16, 24, 32] if full else [], [1, 2, 4, 8, 16, 32, 64], num_kv_heads=8)
+    return CaptureManager(LlamaModelState(_CFG), StepBuffers(32, 64, 4, torch.device("cpu")),
+                          [] if pieces is None else pieces, [1, 2, 4, 8, 16, 24, 32] if full else [],
+                          [1, 2, 4, 8, 16, 32, 64], max_model_len=4096)
 
 
 def test_plan_pads_uniform_decodes_to_full_sizes() -> None:
@@ -44,7 +48,8 @@ def test_plan_falls_back_to_piecewise_then_eager() -> None:
     assert m.mode_counts[StepMode.PIECEWISE] == 2 and m.mode_counts[StepMode.EAGER] == 1
     assert _manager(full=False).plan(7, 7, 100, True) == StepPlan(StepMode.PIECEWISE, 7, 8)
     assert _manager(pieces=None).plan(5, 20, 100, False).mode is StepMode.PIECEWISE
-    no_pieces = CaptureManager(_Runner(), None, [1, 2], [1, 2, 4], 8)  # type: ignore[arg-type]
+    no_pieces = CaptureManager(LlamaModelState(_CFG), StepBuffers(2, 4, 4, torch.device("cpu")), None, [1, 2],
+                               [1, 2, 4], max_model_len=4096)
     assert no_pieces.plan(2, 3, 10, False) == StepPlan(StepMode.EAGER, 2, 3)
 
 
@@ -56,8 +61,10 @@ def test_full_keys_are_largest_first() -> None:
 class _GraphlessFull(CaptureManager):
     """Plans like the real manager, but 'replays' by running the FULL body eagerly (CPU has no graphs)."""
 
+    bodies: StepBodies
+
     def replay_full(self, plan: StepPlan) -> Any:
-        return self.runner.full_decode_body(plan.num_reqs, plan.num_splits)
+        return self.bodies.full_decode(plan.num_reqs, plan.num_splits)
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +80,8 @@ def test_full_decode_body_with_padding_rows_matches_eager(model_dir: Path) -> No
     expected = [o.outputs[0].token_ids for o in LLM(model=model_dir, **kwargs).generate(prompts, params)]
     llm = LLM(model=model_dir, **kwargs)
     runner = llm.engine.runner
-    manager = _GraphlessFull(runner, None, [1, 2, 8], [], runner.kv_cache.shape[-2])
+    manager = _GraphlessFull(runner.model_state, runner.buffers, None, [1, 2, 8], [], runner.max_model_len)
+    manager.bodies = runner.capture_bodies()
     runner.graphs = manager
     got = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
     assert manager.mode_counts[StepMode.FULL] >= 5  # 4 requests padded to 8 rows

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from tiny_models import make_tiny_model
+from tiny_models import make_tiny_model, model_state_for
 from torch._dynamo.utils import counters
 
 from capture.compiled import compile_model
@@ -29,7 +29,7 @@ def _run(fn: object, cfg: ModelConfig, lens: list[int]) -> torch.Tensor:
 def test_piecewise_split_and_compiled_pieces_match_eager(tmp_path: Path) -> None:
     model_dir = make_tiny_model(tmp_path, "Qwen3ForCausalLM")
     cfg = ModelConfig.from_dir(model_dir)
-    model = load_model(model_dir, cfg, torch.float32, torch.device("cpu"))
+    model = load_model(model_dir, model_state_for(model_dir), torch.float32, torch.device("cpu"))
     backend = PiecewiseBackend()
     compiled = torch.compile(model, backend=backend, fullgraph=True, dynamic=True)
     counters.clear()
@@ -71,7 +71,7 @@ def test_step_buffer_views_trace_two_variants_without_lifted_floats(tmp_path: Pa
     duck-sizing a view with its base, and no float attribute lifted into a 0-d input."""
     model_dir = make_tiny_model(tmp_path, "Qwen3ForCausalLM")
     cfg = ModelConfig.from_dir(model_dir)
-    model = load_model(model_dir, cfg, torch.float32, torch.device("cpu"))
+    model = load_model(model_dir, model_state_for(model_dir), torch.float32, torch.device("cpu"))
     inputs_seen: list[list[object]] = []
 
     def record(piece: torch.fx.GraphModule, example_inputs: list) -> object:

@@ -92,13 +92,15 @@ def test_precompile_then_warm_start_hits_the_cache(tmp_path: Path, model_dir: Pa
 def test_manifest_records_the_graph_sizes_of_the_config(model_dir: Path) -> None:
     from capture.compiled import graph_sizes, manifest_for
     from graphrunner.engine_args import build_engine_config
+    from graphrunner.worker import build_model_state
 
     cpu = build_engine_config(model=model_dir, device="cpu", max_model_len=256)
-    assert graph_sizes(cpu) == ([], []) and manifest_for(cpu).capture_sizes == ()
+    state = build_model_state(cpu)
+    assert graph_sizes(cpu, state) == ([], []) and manifest_for(cpu, state).capture_sizes == ()
     # graph sizes depend only on the config: a CUDA config can be inspected on a CPU machine
     cuda = dataclasses.replace(cpu, device=torch.device("cuda"), attention_backend="triton")
-    full, buckets = graph_sizes(cuda)
+    full, buckets = graph_sizes(cuda, state)
     assert full[:4] == [1, 2, 4, 8] and full[-1] == 256 and buckets[-1] == 2048
-    assert graph_sizes(dataclasses.replace(cuda, cudagraph_mode="piecewise")) == ([], buckets)
-    assert graph_sizes(dataclasses.replace(cuda, enforce_eager=True)) == ([], [])
-    assert graph_sizes(dataclasses.replace(cuda, attention_backend="reference"))[0] == []
+    assert graph_sizes(dataclasses.replace(cuda, cudagraph_mode="piecewise"), state) == ([], buckets)
+    assert graph_sizes(dataclasses.replace(cuda, enforce_eager=True), state) == ([], [])
+    assert graph_sizes(dataclasses.replace(cuda, attention_backend="reference"), state)[0] == []

@@ -23,6 +23,7 @@ ARCHS = {
     "llama": ("LlamaForCausalLM", {}),
     "llama3-rope": ("LlamaForCausalLM", llama3_rope_overrides()),
     "qwen2": ("Qwen2ForCausalLM", {}),
+    "mistral": ("MistralForCausalLM", {}),  # sliding window (12) shorter than most prompts, on every layer
 }
 GREEDY = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
 
@@ -97,3 +98,21 @@ def test_triton_attention_backend_matches_hf(model_case: tuple[Path, list]) -> N
         pytest.skip("interpreter run limited to Qwen3 on CPU")
     llm = LLM(model=model_dir, num_gpu_blocks_override=12, max_num_batched_tokens=40, attention_backend="triton")
     assert _run(llm) == expected
+
+
+def test_mistral_window_shapes_the_output(tmp_path: Path) -> None:
+    """The Mistral case above is not vacuous: its ModelState puts the window on every layer, and HF's own
+    output changes when the window is removed (so equal tokens mean the window was applied)."""
+    from tiny_models import MISTRAL_WINDOW
+
+    windowed = make_tiny_model(tmp_path, "MistralForCausalLM")
+    unwindowed = make_tiny_model(tmp_path, "MistralForCausalLM", sliding_window=None)
+    llm = LLM(model=windowed, num_gpu_blocks_override=64)
+    state = llm.engine.runner.model_state
+    assert [state.sliding_window(i) for i in range(2)] == [MISTRAL_WINDOW] * 2
+    assert [layer.self_attn.attn.sliding_window for layer in llm.engine.runner.model.model.layers] == [MISTRAL_WINDOW] * 2
+    long_prompts = [p for p in _prompts() if len(p) > MISTRAL_WINDOW]
+    with_window = [hf_greedy(windowed, p, 8) for p in long_prompts]
+    assert with_window != [hf_greedy(unwindowed, p, 8) for p in long_prompts]
+    short = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    assert [o.outputs[0].token_ids for o in llm.generate(long_prompts, short)] == with_window

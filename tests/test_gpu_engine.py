@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_models import hf_greedy, make_tiny_model
+from tiny_models import hf_greedy, make_tiny_model, model_state_for
 
 from graphrunner import LLM, SamplingParams
 from graphrunner.attention import forward_context
@@ -54,7 +54,7 @@ def qwen3_06b_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @functools.cache
 def _our_model(model_dir: Path) -> torch.nn.Module:
-    return load_model(model_dir, ModelConfig.from_dir(model_dir), torch.bfloat16, torch.device("cuda"))
+    return load_model(model_dir, model_state_for(model_dir), torch.bfloat16, torch.device("cuda"))
 
 
 @functools.cache

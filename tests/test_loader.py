@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from tiny_models import make_tiny_model
+from tiny_models import make_tiny_model, model_state_for
 
 from graphrunner.config import ModelConfig
+from graphrunner.input_prep import StepBuffers
 from graphrunner.loader import checkpoint_files, load_model
 from model_states import get_model_state, supported_architectures
 from model_states.base import ModelState
@@ -27,7 +28,7 @@ def qwen3_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _load(model_dir: Path, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
-    return load_model(model_dir, ModelConfig.from_dir(model_dir), dtype, CPU)
+    return load_model(model_dir, model_state_for(model_dir), dtype, CPU)
 
 
 def _rewrite_checkpoint(src: Path, dst: Path, drop: tuple[str, ...] = (), add: dict[str, torch.Tensor] | None = None
@@ -144,8 +145,14 @@ def test_model_state_defaults(qwen3_dir: Path) -> None:
     buckets = state.token_buckets(3000)  # capped at MAX_TOKEN_BUCKET (2048): larger steps run without graphs
     assert buckets[:4] == [1, 2, 4, 8] and buckets[-3:] == [512, 1024, 2048] and buckets == sorted(set(buckets))
     assert state.token_buckets(700)[-3:] == [256, 512, 700]
-    inputs = state.dummy_inputs(5, CPU)
-    assert inputs["input_ids"].dtype == torch.int64 and inputs["positions"].tolist() == [0, 1, 2, 3, 4]
+    buffers = StepBuffers(4, 8, 3, CPU)
+    buffers.slot_mapping.fill_(7)  # stale values of an earlier step: the dummy inputs must write no KV
+    inputs, shape = state.dummy_inputs(buffers, 5)
+    assert inputs.input_ids.dtype == torch.int64 and inputs.positions.tolist() == [0, 1, 2, 3, 4]
+    assert inputs.slot_mapping.tolist() == [-1] * 5 and (shape.num_reqs, shape.num_tokens) == (0, 5)
+    inputs, shape = state.dummy_inputs(buffers, 5, prefill=True)  # the profiling shape: one request
+    assert inputs.query_start_loc.tolist() == [0, 5] and inputs.seq_lens.tolist() == [5]
+    assert shape.query_lens == shape.seq_lens == (5,) and inputs.slot_mapping.tolist() == [-1] * 5
 
 
 def test_sliding_window_follows_layer_types(qwen3_dir: Path) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import torch
-from tiny_models import hf_logits, llama3_rope_overrides, make_tiny_model
+from tiny_models import hf_logits, llama3_rope_overrides, make_tiny_model, model_state_for
 
 from graphrunner.attention import forward_context
 from graphrunner.attention.testing import contiguous_batch
@@ -33,7 +33,7 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
 def tiny(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
     arch, overrides = VARIANTS[request.param]
     model_dir = make_tiny_model(tmp_path_factory.mktemp(request.param), arch, **overrides)
-    model = load_model(model_dir, ModelConfig.from_dir(model_dir), torch.float32, torch.device("cpu"))
+    model = load_model(model_dir, model_state_for(model_dir), torch.float32, torch.device("cpu"))
     return model_dir, model
 
 

@@ -1,4 +1,4 @@
-"""Tiny random-weight Hugging Face models (Qwen3, Llama, Qwen2) with a tiny byte-level BPE tokenizer,
+"""Tiny random-weight Hugging Face models (Qwen3, Llama, Qwen2, Mistral) with a tiny byte-level BPE tokenizer,
 saved to a directory in HF format, plus an HF greedy-generation reference. A helper module for tests,
 not a test file: `from tiny_models import make_tiny_model, hf_greedy`.
 """
@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 EOS_TOKEN = "<|endoftext|>"
+MISTRAL_WINDOW = 12  # the tiny Mistral's sliding window (tokens), on every layer
 TOKENIZER_VOCAB_SIZE = 400  # <= every tiny model's vocab (512)
 
 _TEXT = """\
@@ -52,7 +53,7 @@ def tiny_tokenizer() -> Any:
 
 
 def _hf_config(arch: str, eos_id: int, overrides: dict[str, Any]) -> Any:
-    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
+    from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
     common: dict[str, Any] = {
         "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
@@ -69,6 +70,9 @@ def _hf_config(arch: str, eos_id: int, overrides: dict[str, Any]) -> Any:
     elif arch == "Qwen2ForCausalLM":
         kwargs = {**common, "tie_word_embeddings": False, "rope_theta": 1_000_000.0}
         cls = Qwen2Config
+    elif arch == "MistralForCausalLM":  # a window on every layer, shorter than most test prompts
+        kwargs = {**common, "tie_word_embeddings": False, "rope_theta": 10_000.0, "sliding_window": MISTRAL_WINDOW}
+        cls = MistralConfig
     else:
         raise ValueError(f"no tiny config for {arch!r}")
     kwargs.update(overrides)
@@ -88,7 +92,8 @@ def make_tiny_model(tmp_dir: Path, arch: str = "Qwen3ForCausalLM", seed: int = 0
                     max_shard_size: str | int | None = None, **config_overrides: Any) -> Path:
     """Save a tiny fp32 random-weight HF model plus tokenizer under tmp_dir and return its directory.
 
-    Qwen3 has tied embeddings (3 layers); Llama and Qwen2 are untied (2 layers). `config_overrides`
+    Qwen3 has tied embeddings (3 layers); Llama, Qwen2 and Mistral are untied (2 layers); Mistral has a
+    sliding window of MISTRAL_WINDOW tokens on every layer. `config_overrides`
     go to the HF config class (e.g. **llama3_rope_overrides()); `max_shard_size` (e.g. "100KB")
     produces a sharded checkpoint with model.safetensors.index.json.
     """
@@ -111,6 +116,15 @@ def make_tiny_model(tmp_dir: Path, arch: str = "Qwen3ForCausalLM", seed: int = 0
     model.save_pretrained(out, **save_kwargs)
     tokenizer.save_pretrained(out)
     return out
+
+
+def model_state_for(model_dir: Path, **kwargs: Any) -> Any:
+    """The registry's ModelState for a saved model directory (what the engine builds once)."""
+    from graphrunner.config import ModelConfig
+    from model_states import get_model_state
+
+    cfg = ModelConfig.from_dir(model_dir)
+    return get_model_state(cfg.architecture)(cfg, **kwargs)
 
 
 def hf_logits(model_dir: Path, token_ids: list[int]) -> torch.Tensor:

@@ -70,11 +70,11 @@ def device_parts(llm: LLM, iters: int) -> dict[str, float]:
         return bench_common.median_ms(fn, device, iters, before=restore)
 
     inputs = runner._prepare(batch)
-    eager = dataclasses.replace(batch, plan=StepPlan(StepMode.EAGER, batch.num_reqs, batch.num_tokens))
+    eager = dataclasses.replace(batch, plan=StepPlan(StepMode.EAGER, batch.num_reqs, batch.shape.num_tokens))
     parts = {"prepare": timed(lambda: runner._prepare(batch)), "forward (no graph)":
              timed(lambda: runner._forward(eager, inputs))}
     if runner.graphs is not None and runner.graphs.token_sizes:
-        piecewise = runner.graphs.plan(batch.num_reqs, batch.num_tokens, max(batch.seq_lens), False)
+        piecewise = runner.graphs.plan(batch.num_reqs, batch.shape.num_tokens, max(batch.shape.seq_lens), False)
         parts["forward (piecewise graphs)"] = timed(
             lambda: runner._forward(dataclasses.replace(batch, plan=piecewise), inputs))
     hidden = runner._forward(eager, inputs)

@@ -1,0 +1,55 @@
+"""`graphrunner precompile`: compile everything an engine with a given config will need, offline, into
+one directory (Inductor's and Triton's caches plus a manifest) that later engines start warm from.
+
+It lives in the front because it drives a real Engine; capture/compiled.py reads the directory back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+
+import torch
+
+from capture.compiled import graph_sizes, manifest_for
+from capture.manifest import MANIFEST_NAME
+from graphrunner.config import EngineConfig
+from graphrunner.engine import Engine
+from graphrunner.sampling_params import SamplingParams
+from graphrunner.worker import build_model_state
+
+# Dynamo specialises token counts 0 and 1, and Inductor's cache keys of a symbolic graph can depend
+# on the size hint it was first traced with: precompile serves requests with prompts of these
+# lengths one after another (re-tracing for each), then single-token decodes.
+WARMUP_TOKEN_COUNTS = (1, 3, 4, 16, 17, 64)
+
+
+def precompile(config: EngineConfig, out_dir: Path) -> float:
+    """Compile everything for `config` into out_dir (caches + manifest); returns the seconds it took.
+
+    The compile happens inside a real engine serving short requests, so the cached graphs are
+    exactly the ones a later run asks for (same input layouts, the token-count variants above).
+    """
+    out_dir.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    config = dataclasses.replace(config, compile_cache=out_dir)
+    model_state = build_model_state(config)
+    manifest_for(config, model_state).save(out_dir)  # first: the engine checks it before compiling
+    # With CUDA graphs, building the engine compiles every variant a run meets, traced in a fixed order
+    # (capture runs the largest bucket first, then down to one token): on the H200 a warm start asked
+    # for exactly the graphs the engine's construction made. Without graphs the first trace's size
+    # hint is the first request's length, so each count is served after a fresh Dynamo state.
+    retrace = graph_sizes(config, model_state) == ([], [])
+    try:
+        engine = Engine(config, model_state)
+        for count in WARMUP_TOKEN_COUNTS[1:] if retrace else WARMUP_TOKEN_COUNTS[-1:]:
+            if retrace:
+                torch._dynamo.reset()  # re-trace with this count as the size hint
+            engine.add_request({"prompt_token_ids": [0] * count}, SamplingParams(temperature=0.0, max_tokens=2))
+            while engine.has_unfinished():
+                engine.step()
+    except BaseException:
+        (out_dir / MANIFEST_NAME).unlink(missing_ok=True)  # a half-built cache must not look valid
+        raise
+    return time.perf_counter() - start
