@@ -17,6 +17,8 @@ from graphrunner.state_kernels import apply_ragged_writes
 # Per-row float sampling parameters, in the order they are packed for the H2D copy.
 _FLOAT_FIELDS = ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
 
+_INT32_MAX = 2**31 - 1
+
 
 def to_device(data: list[int] | list[float], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """One host list -> device tensor without a synchronising copy (pinned + non_blocking on CUDA)."""
@@ -82,7 +84,7 @@ class StateTable:
         """(Re)initialise a row: its known tokens, computed count and sampling parameters."""
         self._tokens.add(row, 0, token_ids)
         self._rows.append(row)
-        top_k = max(0, params.top_k)
+        top_k = min(max(0, params.top_k), _INT32_MAX)  # 0 = off; >= the vocabulary is off too (no int32 overflow)
         for dst, value in zip(self._ints, (len(token_ids), num_computed, prompt_len, top_k)):
             dst.append(value)
         for dst, name in zip(self._floats, _FLOAT_FIELDS):

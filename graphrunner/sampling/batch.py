@@ -26,6 +26,7 @@ class RequestSampling:
     banned: list[int] = field(default_factory=list)             # single-token bad words
     bad_prefixes: list[list[int]] = field(default_factory=list)  # multi-token bad words (prefix + last)
     min_tokens_ban: list[int] = field(default_factory=list)     # stop ids and EOS, banned below min_tokens
+    top_k: int | None = None  # params.top_k resolved against the vocabulary (0 = off); None = not resolved
 
 
 def _check_ids(name: str, ids: list[int], vocab_size: int) -> None:
@@ -36,11 +37,11 @@ def _check_ids(name: str, ids: list[int], vocab_size: int) -> None:
 
 def prepare_request_sampling(params: SamplingParams, vocab_size: int, eos_ids: tuple[int, ...],
                              tokenizer: Any | None) -> RequestSampling:
-    """Validate token ids against the vocabulary and tokenize bad words (as vLLM: with and without a leading space)."""
-    data = RequestSampling()
+    """Validate token ids against the vocabulary, resolve top_k (off when 0, -1 or >= the vocabulary, as vLLM)
+    and tokenize bad words (as vLLM: with and without a leading space)."""
+    data = RequestSampling(top_k=params.top_k if 0 < params.top_k < vocab_size else 0)
     if params.logit_bias:
-        items = [(int(k), float(v)) if isinstance(k, str) and k.lstrip("-").isdigit() else (k, v)
-                 for k, v in params.logit_bias.items()]
+        items = [(int(k), float(v)) for k, v in params.logit_bias.items()]  # keys are ints or digit strings
         _check_ids("logit_bias", [k for k, _ in items], vocab_size)
         data.logit_bias = items
     if params.allowed_token_ids is not None:
@@ -94,6 +95,12 @@ class SampleEntry:
     num_generated: int  # output tokens before the one sampled this step
 
 
+def _uses_filters(e: SampleEntry) -> bool:
+    p = e.params
+    top_k = p.top_k if e.data.top_k is None else e.data.top_k
+    return p.temperature > 0 and (top_k > 0 or p.top_p < 1.0 or p.min_p > 0)
+
+
 def build_sampling_batch(entries: list[SampleEntry], idx_mapping: torch.Tensor,
                          device: torch.device) -> SamplingBatch:
     rows: list[int] = []
@@ -121,7 +128,7 @@ def build_sampling_batch(entries: list[SampleEntry], idx_mapping: torch.Tensor,
         idx_mapping=idx_mapping,
         all_greedy=all(p.temperature == 0.0 for p in params),
         use_penalties=any(p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty for p in params),
-        use_filters=any(p.temperature > 0 and (p.top_k > 0 or p.top_p < 1.0 or p.min_p > 0) for p in params),
+        use_filters=any(_uses_filters(e) for e in entries),
         num_logprobs=max((p.logprobs for p in params if p.logprobs is not None), default=-1),
     )
     if rows:
