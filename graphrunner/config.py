@@ -8,6 +8,7 @@ Every dataclass validates itself in `__post_init__` with messages that name the 
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -98,56 +99,147 @@ class ModelConfig:
             raise ValueError(f"unsupported hidden_act {self.hidden_act!r}; only 'silu' is implemented")
 
     @classmethod
-    def from_hf(cls, hf: dict[str, Any]) -> ModelConfig:
-        """Build from a config.json dict, applying every HF fallback in one place."""
-        archs = hf.get("architectures") or []
-        if not archs:
-            raise ValueError("config.json has no 'architectures' entry; cannot choose a model class")
-        hidden = hf["hidden_size"]
-        heads = hf["num_attention_heads"]
-        rope_params = dict(hf.get("rope_parameters") or {})
-        rope_scaling = dict(hf.get("rope_scaling") or {})
-        merged = {**rope_scaling, **rope_params}
-        theta = merged.get("rope_theta", hf.get("rope_theta", 10000.0))
-        rope_type = merged.get("rope_type", merged.get("type", "default"))
-        rope = RopeConfig(
-            theta=float(theta),
-            rope_type=rope_type,
-            factor=float(merged.get("factor", 1.0)),
-            low_freq_factor=float(merged.get("low_freq_factor", 1.0)),
-            high_freq_factor=float(merged.get("high_freq_factor", 4.0)),
-            original_max_position_embeddings=int(merged.get("original_max_position_embeddings", 8192)),
-        )
-        eos = hf.get("eos_token_id")
-        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
-        use_sw = hf.get("use_sliding_window", hf.get("sliding_window") is not None)
-        return cls(
-            architecture=archs[0],
-            vocab_size=hf["vocab_size"],
-            hidden_size=hidden,
-            intermediate_size=hf["intermediate_size"],
-            num_layers=hf["num_hidden_layers"],
-            num_heads=heads,
-            num_kv_heads=hf.get("num_key_value_heads") or heads,
-            head_dim=hf.get("head_dim") or hidden // heads,
-            rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-            rope=rope,
-            max_position_embeddings=hf.get("max_position_embeddings", 2048),
-            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-            attention_bias=bool(hf.get("attention_bias", False)),
-            hidden_act=hf.get("hidden_act", "silu"),
-            sliding_window=hf.get("sliding_window") if use_sw else None,
-            eos_token_ids=eos_ids,
-            bos_token_id=hf.get("bos_token_id"),
-            hf=dict(hf),
-        )
+    def from_hf(cls, hf: dict[str, Any], source: str = "config.json") -> ModelConfig:
+        """Build from a config.json dict, applying every HF fallback in one place.
+
+        Every field read is type-checked first: a missing required field or a field of the wrong type
+        raises ValueError naming `source` (the file) and the field.
+        """
+        fields = _check_hf(hf, source)
+        rope_fields = _rope_fields(hf, source)
+        try:
+            return cls(**fields, rope=RopeConfig(**rope_fields), hf=dict(hf))
+        except ValueError as exc:  # the dataclasses' own checks: add the file
+            raise ValueError(f"{source}: {exc}") from exc
 
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> ModelConfig:
+        """Read and check `model_dir`/config.json; ValueError naming the file on any problem."""
         path = Path(model_dir) / "config.json"
         if not path.is_file():
             raise ValueError(f"model directory {str(model_dir)!r} has no config.json")
-        return cls.from_hf(json.loads(path.read_text()))
+        try:
+            hf = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError, RecursionError) as exc:  # unreadable, not UTF-8, not JSON, absurdly nested
+            raise ValueError(f"{path} is not a readable JSON file: {exc}") from exc
+        return cls.from_hf(hf, source=str(path))
+
+
+_REQUIRED_INTS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+_ROPE_NUMBERS = ("rope_theta", "factor", "low_freq_factor", "high_freq_factor")
+_JSON_NAMES: dict[type, str] = {bool: "boolean", str: "string", dict: "object", list: "array"}
+
+
+def _bad_field(source: str, name: str, want: str, value: Any) -> ValueError:
+    return ValueError(f"{source}: field {name!r} must be {want}, got {value!r}")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _int_field(hf: dict[str, Any], name: str, source: str, default: int | None = None, minimum: int = 1) -> int | None:
+    """hf[name] as an int >= minimum; `default` when absent or null."""
+    value = hf.get(name)
+    if value is None:
+        return default
+    if not _is_int(value) or value < minimum:
+        raise _bad_field(source, name, "a positive integer" if minimum == 1 else f"an integer >= {minimum}", value)
+    return value
+
+
+def _number_field(hf: dict[str, Any], name: str, source: str, default: float) -> float:
+    """hf[name] as a finite number > 0; `default` when absent or null."""
+    value = hf.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
+        raise _bad_field(source, name, "a finite number > 0", value)
+    return float(value)
+
+
+def _typed_field(hf: dict[str, Any], name: str, source: str, kind: type, default: Any) -> Any:
+    """hf[name] when it is a `kind` (bool, str, dict, list), `default` when absent or null."""
+    value = hf.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, kind):
+        raise _bad_field(source, name, f"a JSON {_JSON_NAMES[kind]}", value)
+    return value
+
+
+def _check_hf(hf: Any, source: str) -> dict[str, Any]:
+    """The ModelConfig fields (all but rope and hf) from a parsed config.json, every one type-checked."""
+    if not isinstance(hf, dict):
+        raise ValueError(f"{source} must contain a JSON object, got {type(hf).__name__}")  # noqa: TRY004 - bad file
+    missing = [name for name in (*_REQUIRED_INTS, "architectures") if hf.get(name) is None]
+    if missing:
+        raise ValueError(f"{source} lacks required field(s) {', '.join(map(repr, missing))}")
+    ints = {name: _int_field(hf, name, source) for name in _REQUIRED_INTS}
+    archs = hf["architectures"]
+    if not isinstance(archs, list) or not archs or not all(isinstance(a, str) and a for a in archs):
+        raise _bad_field(source, "architectures", "a non-empty list of architecture names", archs)
+    heads = ints["num_attention_heads"]
+    kv_heads = _int_field(hf, "num_key_value_heads", source, heads)
+    if heads % kv_heads:
+        raise ValueError(f"{source}: num_attention_heads ({heads}) must be a multiple of num_key_value_heads "
+                         f"({kv_heads})")
+    layer_types = _typed_field(hf, "layer_types", source, list, None)
+    if layer_types is not None and (len(layer_types) != ints["num_hidden_layers"]
+                                    or not all(isinstance(t, str) for t in layer_types)):
+        raise _bad_field(source, "layer_types", f"a list of {ints['num_hidden_layers']} strings (one per layer)",
+                         layer_types)
+    _int_field(hf, "max_window_layers", source, minimum=0)
+    _typed_field(hf, "mlp_bias", source, bool, False)
+    use_sw = _typed_field(hf, "use_sliding_window", source, bool, hf.get("sliding_window") is not None)
+    return {
+        "architecture": archs[0],
+        "vocab_size": ints["vocab_size"],
+        "hidden_size": ints["hidden_size"],
+        "intermediate_size": ints["intermediate_size"],
+        "num_layers": ints["num_hidden_layers"],
+        "num_heads": heads,
+        "num_kv_heads": kv_heads,
+        "head_dim": _int_field(hf, "head_dim", source, ints["hidden_size"] // heads),
+        "rms_norm_eps": _number_field(hf, "rms_norm_eps", source, 1e-6),
+        "max_position_embeddings": _int_field(hf, "max_position_embeddings", source, 2048),
+        "tie_word_embeddings": _typed_field(hf, "tie_word_embeddings", source, bool, False),
+        "attention_bias": _typed_field(hf, "attention_bias", source, bool, False),
+        "hidden_act": _typed_field(hf, "hidden_act", source, str, "silu"),
+        "sliding_window": _int_field(hf, "sliding_window", source) if use_sw else None,
+        "eos_token_ids": _eos_ids(hf, source, ints["vocab_size"]),
+        "bos_token_id": _int_field(hf, "bos_token_id", source, minimum=0),
+    }
+
+
+def _eos_ids(hf: dict[str, Any], source: str, vocab_size: int) -> tuple[int, ...]:
+    """eos_token_id (an id or a list of ids, each in [0, vocab_size)) as a tuple."""
+    eos = hf.get("eos_token_id")
+    ids = [] if eos is None else eos if isinstance(eos, list) else [eos]
+    if not all(_is_int(i) and 0 <= i < vocab_size for i in ids):
+        raise _bad_field(source, "eos_token_id", f"a token id or a list of token ids in [0, {vocab_size})", eos)
+    return tuple(ids)
+
+
+def _rope_fields(hf: dict[str, Any], source: str) -> dict[str, Any]:
+    """RopeConfig keyword arguments from rope_parameters (new spelling) over rope_scaling over rope_theta."""
+    merged: dict[str, Any] = {}
+    for name in ("rope_scaling", "rope_parameters"):  # later wins
+        sub = _typed_field(hf, name, source, dict, {})
+        for key in _ROPE_NUMBERS:
+            _number_field(sub, key, f"{source}: {name}", 1.0)
+        _int_field(sub, "original_max_position_embeddings", f"{source}: {name}")
+        for key in ("rope_type", "type"):
+            _typed_field(sub, key, f"{source}: {name}", str, None)
+        merged.update(sub)
+    return {
+        "theta": float(merged.get("rope_theta") or _number_field(hf, "rope_theta", source, 10000.0)),
+        "rope_type": merged.get("rope_type") or merged.get("type") or "default",
+        "factor": float(merged.get("factor") or 1.0),
+        "low_freq_factor": float(merged.get("low_freq_factor") or 1.0),
+        "high_freq_factor": float(merged.get("high_freq_factor") or 4.0),
+        "original_max_position_embeddings": merged.get("original_max_position_embeddings") or 8192,
+    }
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ bf16 on GPU and fp32 on CPU; the demo model shipped with the package is used whe
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import torch
@@ -20,6 +21,26 @@ def default_model_dir() -> Path:
     if not (DEMO_MODEL_DIR / "config.json").is_file():
         raise ValueError(f"no model given and the demo model is missing at {DEMO_MODEL_DIR}; pass model=DIR")
     return DEMO_MODEL_DIR
+
+
+# "owner/name" as the Hugging Face Hub spells repository ids
+_HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
+def resolve_model_dir(model: str | os.PathLike[str] | None) -> Path:
+    """The local model directory `model` names (the demo model for None); ValueError when it is not one."""
+    if model is None:
+        return default_model_dir()
+    if not isinstance(model, (str, os.PathLike)) or not str(model):
+        raise ValueError(f"model must be a local directory path, got {model!r}")
+    model_dir = Path(model)
+    if model_dir.is_dir():
+        return model_dir
+    if not model_dir.exists() and _HUB_ID.fullmatch(str(model)) and ".." not in str(model):
+        raise ValueError(f"model {str(model)!r} is not a local directory; graphrunner downloads nothing: pass a local "
+                         f"directory (e.g. one made by huggingface-cli download)")
+    raise ValueError(f"model path {str(model_dir)!r} is not a directory (graphrunner loads local HF-format "
+                     f"directories only; nothing is downloaded)")
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
@@ -54,10 +75,7 @@ def build_engine_config(
     compile_cache: str | Path | None = None,
     cudagraph_mode: str = "full_and_piecewise",
 ) -> EngineConfig:
-    model_dir = Path(model) if model is not None else default_model_dir()
-    if not model_dir.is_dir():
-        raise ValueError(f"model path {str(model_dir)!r} is not a directory (graphrunner loads local HF-format "
-                         f"directories only; nothing is downloaded)")
+    model_dir = resolve_model_dir(model)
     model_cfg = ModelConfig.from_dir(model_dir)
     dev = resolve_device(device)
     if max_model_len is None:

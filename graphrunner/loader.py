@@ -3,6 +3,8 @@
 The model is built by whatever builds it (the architecture's ModelState, handed in by the front) on
 the meta device (no double initialisation), materialised on the target device, then filled: HF names map 1:1 onto parameters except fused ones (the model's
 `packed_modules`), whose shards are copied into their slices. Missing or unexpected weights raise.
+A broken file (corrupt shard index, truncated / empty / garbage safetensors) raises ValueError naming it;
+every file's header is checked before the model is built.
 """
 
 from __future__ import annotations
@@ -27,13 +29,34 @@ def _name_list(names: Iterable[str]) -> str:
     return shown + (f", ... and {len(names) - _MAX_NAMES} more" if len(names) > _MAX_NAMES else "")
 
 
+def _read_index(index: Path) -> dict[str, str]:
+    """The weight_map of a shard index, checked: a JSON object whose weight_map maps names to plain file names."""
+    try:
+        data = json.loads(index.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as exc:  # unreadable, not UTF-8, not JSON, absurdly nested
+        raise ValueError(f"shard index {index} is not a readable JSON file: {exc}") from exc
+    if not isinstance(data, dict):  # a broken file, not a caller's type error: ValueError like every file problem
+        raise ValueError(f"shard index {index} must contain a JSON object, got {type(data).__name__}")  # noqa: TRY004
+    weight_map = data.get("weight_map")
+    if weight_map is None:
+        return {}
+    if not isinstance(weight_map, dict):
+        raise ValueError(  # noqa: TRY004 - a broken file
+            f"shard index {index}: 'weight_map' must be a JSON object, got {type(weight_map).__name__}")
+    for key, name in weight_map.items():
+        if not isinstance(name, str) or not name or Path(name).is_absolute() or ".." in Path(name).parts:
+            raise ValueError(f"shard index {index}: weight_map[{key!r}] must be a file name inside the model "
+                             f"directory, got {name!r}")
+    return weight_map
+
+
 def checkpoint_files(model_dir: Path) -> list[Path]:
     """The safetensors files of a model directory: from the shard index, else model.safetensors,
-    else every *.safetensors; ValueError naming the directory when there are none."""
+    else every *.safetensors; ValueError naming the directory when there are none, or the index when it is broken."""
     model_dir = Path(model_dir)
     index = model_dir / _INDEX_FILE
     if index.is_file():
-        weight_map: dict[str, str] = json.loads(index.read_text()).get("weight_map", {})
+        weight_map = _read_index(index)
         files = [model_dir / name for name in sorted(set(weight_map.values()))]
         missing = [str(f) for f in files if not f.is_file()]
         if missing:
@@ -43,18 +66,47 @@ def checkpoint_files(model_dir: Path) -> list[Path]:
     single = model_dir / _SINGLE_FILE
     if single.is_file():
         return [single]
-    files = sorted(model_dir.glob("*.safetensors"))
+    files = sorted(f for f in model_dir.glob("*.safetensors") if f.is_file())
     if not files:
         raise ValueError(f"no safetensors weights (model.safetensors or sharded *.safetensors) in {str(model_dir)!r}")
     return files
 
 
-def iter_checkpoint(files: Iterable[Path]) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, CPU tensor) for every tensor of the given safetensors files, one at a time."""
+def _unreadable(path: Path, exc: Exception) -> ValueError:
+    return ValueError(f"could not read safetensors file {path}: {' '.join(str(exc).split())} "
+                      f"(truncated or not a safetensors file?)")
+
+
+def check_checkpoint(files: Iterable[Path]) -> None:
+    """Open every file once (reads only its header): a truncated, empty or garbage file fails here, before
+    the model is built, with a ValueError naming the file."""
     for path in files:
-        with safe_open(str(path), framework="pt", device="cpu") as f:
-            for key in f.keys():  # noqa: SIM118 - safe_open is not iterable
-                yield key, f.get_tensor(key)
+        try:
+            with safe_open(str(path), framework="pt", device="cpu") as f:
+                f.keys()
+        except Exception as exc:  # SafetensorError, OSError, ...: whatever the file is, name it
+            raise _unreadable(path, exc) from exc
+
+
+def iter_checkpoint(files: Iterable[Path]) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, CPU tensor) for every tensor of the given safetensors files, one at a time; a file that cannot
+    be read raises ValueError naming it."""
+    for path in files:
+        try:
+            handle = safe_open(str(path), framework="pt", device="cpu")
+        except Exception as exc:  # SafetensorError, OSError, ...
+            raise _unreadable(path, exc) from exc
+        with handle as f:
+            try:
+                keys = list(f.keys())
+            except Exception as exc:
+                raise _unreadable(path, exc) from exc
+            for key in keys:
+                try:
+                    tensor = f.get_tensor(key)
+                except Exception as exc:  # e.g. a dtype torch lacks, or data past the end of the file
+                    raise ValueError(f"could not read tensor {key!r} from safetensors file {path}: {exc}") from exc
+                yield key, tensor
 
 
 def _is_ignored(key: str, tied: bool) -> bool:
@@ -126,6 +178,7 @@ class ModelBuilder(Protocol):
 def load_model(model_dir: Path, builder: ModelBuilder, dtype: torch.dtype, device: torch.device | str) -> nn.Module:
     """Build the model with `builder` (the architecture's ModelState) and load its weights; eval mode, no grads."""
     files = checkpoint_files(Path(model_dir))
+    check_checkpoint(files)  # fail on a broken file before building (and allocating) the model
     model = builder.build_model(dtype, torch.device(device))
     load_weights(model, iter_checkpoint(files))
     return model
