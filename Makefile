@@ -17,7 +17,7 @@ setup-test: setup
 	$(PIP) install -q -e ".[test]" --no-build-isolation
 
 demo: setup
-	graphrunner generate "$(PROMPT)"
+	$(PYTHON) -m graphrunner generate "$(PROMPT)"
 
 test: setup-test
 	$(PYTHON) -m pytest -q
