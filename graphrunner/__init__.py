@@ -1,6 +1,7 @@
 """graphrunner: a low-latency LLM runner for Hugging Face-format decoder models.
 
-Public API (vLLM-compatible names): `LLM`, `SamplingParams`, `RequestOutput`, `CompletionOutput`.
+Public API (vLLM's names): `LLM`, `LLMEngine`, `EngineArgs`, `SamplingParams`, `RequestOutputKind`,
+`RequestOutput`, `CompletionOutput`, `Logprob`, `TextPrompt`, `TokensPrompt`.
 They load lazily (module `__getattr__`), so importing a core module never pulls in the engine.
 """
 
@@ -13,16 +14,26 @@ __version__ = "0.1.0"
 
 _PUBLIC = {
     "LLM": "graphrunner.llm",
+    "LLMEngine": "graphrunner.llm_engine",
+    "EngineArgs": "graphrunner.engine_args",
     "SamplingParams": "graphrunner.sampling_params",
+    "RequestOutputKind": "graphrunner.sampling_params",
     "RequestOutput": "graphrunner.outputs",
     "CompletionOutput": "graphrunner.outputs",
+    "Logprob": "graphrunner.outputs",
+    "TextPrompt": "graphrunner.inputs",
+    "TokensPrompt": "graphrunner.inputs",
 }
-__all__ = ["LLM", "CompletionOutput", "RequestOutput", "SamplingParams"]
+__all__ = ["LLM", "CompletionOutput", "EngineArgs", "LLMEngine", "Logprob", "RequestOutput", "RequestOutputKind",
+           "SamplingParams", "TextPrompt", "TokensPrompt"]
 
 if TYPE_CHECKING:
+    from graphrunner.engine_args import EngineArgs
+    from graphrunner.inputs import TextPrompt, TokensPrompt
     from graphrunner.llm import LLM
-    from graphrunner.outputs import CompletionOutput, RequestOutput
-    from graphrunner.sampling_params import SamplingParams
+    from graphrunner.llm_engine import LLMEngine
+    from graphrunner.outputs import CompletionOutput, Logprob, RequestOutput
+    from graphrunner.sampling_params import RequestOutputKind, SamplingParams
 
 
 def __getattr__(name: str) -> Any:

@@ -171,7 +171,7 @@ def _typed_field(hf: dict[str, Any], name: str, source: str, kind: type, default
 def _check_hf(hf: Any, source: str) -> dict[str, Any]:
     """The ModelConfig fields (all but rope and hf) from a parsed config.json, every one type-checked."""
     if not isinstance(hf, dict):
-        raise ValueError(f"{source} must contain a JSON object, got {type(hf).__name__}")  # noqa: TRY004 - bad file
+        raise ValueError(f"{source} must contain a JSON object, got {type(hf).__name__}")
     missing = [name for name in (*_REQUIRED_INTS, "architectures") if hf.get(name) is None]
     if missing:
         raise ValueError(f"{source} lacks required field(s) {', '.join(map(repr, missing))}")
@@ -266,11 +266,16 @@ class SchedulerConfig:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
     max_model_len: int = 2048
+    # False: a prompt is admitted only when all of it fits one step's token budget (vLLM's meaning)
+    enable_chunked_prefill: bool = True
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+            raise ValueError(f"without chunked prefill max_num_batched_tokens ({self.max_num_batched_tokens}) must be "
+                             f">= max_model_len ({self.max_model_len}), or no long prompt could ever be scheduled")
 
 
 CUDAGRAPH_MODES = ("full_and_piecewise", "piecewise", "none")
@@ -297,6 +302,10 @@ class EngineConfig:
     # CUDA only, unless enforce_eager: "full_and_piecewise" (FULL graphs for plain uniform decodes, piecewise
     # graphs for other steps), "piecewise" (piecewise graphs only) or "none" (compiled, no graphs)
     cudagraph_mode: str = "full_and_piecewise"
+    max_logprobs: int = 20  # the most logprobs / prompt_logprobs a request may ask for
+    # "auto": sampling defaults from the model's generation_config.json; "vllm": none; else a folder holding one
+    generation_config: str = "auto"
+    skip_tokenizer_init: bool = False  # no tokenizer: prompts are token ids, outputs carry no text
 
     def __post_init__(self) -> None:
         if self.logprobs_mode not in ("raw_logprobs", "processed_logprobs"):

@@ -2,18 +2,23 @@
 
 The host never waits on the step it just launched: it waits only for the previous step's
 sampled ids (which are usually already on the host), so the device always has work queued.
-Requests are validated on submission; a bad one raises ValueError and harms no other.
+Requests are validated on submission; a bad one raises ValueError and harms no other. A step
+that raises ends the requests it carried with finish_reason "error", leaves nothing in flight,
+and the next step works.
 """
 
 from __future__ import annotations
 
 import random
+import time
 from typing import Any
 
 from graphrunner.async_output import AsyncStepOutput
 from graphrunner.config import EngineConfig
 from graphrunner.detokenizer import IncrementalDetokenizer
+from graphrunner.intake import prompt_token_ids, validate_request
 from graphrunner.kv_cache import BlockPool
+from graphrunner.metrics import EngineStats
 from graphrunner.output_processor import OutputProcessor, ParentRequest
 from graphrunner.outputs import RequestOutput
 from graphrunner.request import Request
@@ -34,12 +39,21 @@ def derive_seed(seed: int, index: int) -> int:
     return (seed * 0x9E3779B97F4A7C15 + index * 0xBF58476D1CE4E5B9) & _SEED_MASK
 
 
+class StepFailed(RuntimeError):
+    """A step raised; the requests it carried ended with finish_reason "error" (listed in `outputs`)."""
+
+    def __init__(self, message: str, outputs: list[RequestOutput]) -> None:
+        super().__init__(message)
+        self.outputs = outputs
+
+
 class Engine:
     def __init__(self, config: EngineConfig, model_state: ModelState | None = None) -> None:
         self.config = config
-        self.tokenizer = load_tokenizer(config.tokenizer_dir)
+        self.tokenizer = None if config.skip_tokenizer_init else load_tokenizer(config.tokenizer_dir)
         self.runner, num_blocks = build_runner(config, model_state)
         self.scheduler = Scheduler(config.scheduler, BlockPool(num_blocks), config.cache.block_size)
+        self.stats = EngineStats(config.scheduler.max_model_len, {"model_name": str(config.model_dir)})
         self._rng = random.Random(config.seed)
         self._parents: dict[str, ParentRequest] = {}
         self._outputs = OutputProcessor(self.tokenizer)
@@ -47,28 +61,30 @@ class Engine:
         self._counter = 0
 
     # -- submission ----------------------------------------------------------------------
-    def add_request(self, prompt: str | list[int] | dict[str, Any], params: SamplingParams | None = None,
-                    request_id: str | None = None) -> str:
+    def add_request(self, prompt: Any, params: SamplingParams | None = None, request_id: str | None = None) -> str:
         """Validate and queue one request; raises ValueError (nothing queued) on bad input."""
         params = params if params is not None else SamplingParams()
         if not isinstance(params, SamplingParams):
-            raise TypeError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
-        text, ids = self._prompt_ids(prompt)
+            raise ValueError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
+        if request_id is not None and not isinstance(request_id, str):
+            raise ValueError(f"request_id must be a string, got {type(request_id).__name__}")
+        if request_id in self._parents:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        text, ids = prompt_token_ids(prompt, self.tokenizer, self.config)
         if params.truncate_prompt_tokens is not None:
             ids = ids[-params.truncate_prompt_tokens:]
-        max_tokens = self._validate(ids, params)
+        max_tokens = validate_request(ids, params, self.config, self.tokenizer is not None)
         model = self.config.model
         sampling = prepare_request_sampling(params, model.vocab_size, model.eos_token_ids, self.tokenizer)
         if request_id is None:
-            request_id = str(self._counter)
-            self._counter += 1
-        if request_id in self._parents:
-            raise ValueError(f"request id {request_id!r} is already in use")
+            request_id = self._new_id()
         base_seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
-        eos = () if params.ignore_eos else self.config.model.eos_token_ids
+        eos = () if params.ignore_eos else model.eos_token_ids
         children = [Request(f"{request_id}-{i}" if params.n > 1 else request_id, request_id, i, ids, params,
                             derive_seed(base_seed, i), max_tokens, eos, sampling=sampling)
                     for i in range(params.n)]
+        for child in children:  # checks the cache can ever hold it: raises before anything is queued
+            self.scheduler.check_fits(child)
         parent = ParentRequest(request_id, text, ids, children, [self._detokenizer(ids, params) for _ in children])
         if params.logprobs is not None:
             parent.logprobs = [[] for _ in children]
@@ -78,47 +94,15 @@ class Engine:
         for child in children:
             self.scheduler.add_request(child)
         self._parents[request_id] = parent
+        self.stats.request_added(request_id, time.monotonic())
+        self.stats.prompt_tokens(len(ids))
         return request_id
 
-    def _prompt_ids(self, prompt: str | list[int] | dict[str, Any]) -> tuple[str | None, list[int]]:
-        if isinstance(prompt, dict):
-            if "prompt_token_ids" in prompt:
-                return prompt.get("prompt"), list(prompt["prompt_token_ids"])
-            if "prompt" in prompt:
-                prompt = prompt["prompt"]
-            else:
-                raise ValueError("a prompt dict needs 'prompt' or 'prompt_token_ids'")
-        if isinstance(prompt, str):
-            if self.tokenizer is None:
-                raise ValueError(f"the model at {self.config.tokenizer_dir} has no tokenizer; pass prompt_token_ids")
-            return prompt, self.tokenizer.encode(prompt)
-        if isinstance(prompt, (list, tuple)):
-            return None, list(prompt)
-        raise ValueError(f"a prompt must be a string, a list of token ids or a dict, got {type(prompt).__name__}")
-
-    def _validate(self, ids: list[int], params: SamplingParams) -> int:
-        vocab, max_len = self.config.model.vocab_size, self.config.scheduler.max_model_len
-        if not ids:
-            raise ValueError("the prompt is empty (it has no tokens)")
-        bad = [t for t in ids if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab]
-        if bad:
-            raise ValueError(f"prompt token ids must be integers in [0, {vocab}); got {bad[:5]}")
-        if len(ids) >= max_len:
-            raise ValueError(f"the prompt has {len(ids)} tokens, which leaves no room to generate within "
-                             f"max_model_len={max_len}")
-        max_tokens = params.max_tokens if params.max_tokens is not None else max_len - len(ids)
-        if len(ids) + max_tokens > max_len:
-            raise ValueError(f"prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) exceeds "
-                             f"max_model_len={max_len}")
-        if params.truncate_prompt_tokens is not None and params.truncate_prompt_tokens > max_len:
-            raise ValueError(f"truncate_prompt_tokens ({params.truncate_prompt_tokens}) exceeds "
-                             f"max_model_len={max_len}")
-        unsupported = params.unsupported_features()
-        if unsupported:
-            raise ValueError(f"sampling settings not supported yet: {', '.join(unsupported)}")
-        if params.stop and self.tokenizer is None:
-            raise ValueError("stop strings need a tokenizer, and this model has none")
-        return max_tokens
+    def _new_id(self) -> str:
+        while str(self._counter) in self._parents:
+            self._counter += 1
+        self._counter += 1
+        return str(self._counter - 1)
 
     def _detokenizer(self, ids: list[int], params: SamplingParams) -> IncrementalDetokenizer | None:
         if self.tokenizer is None or not params.detokenize:
@@ -128,25 +112,110 @@ class Engine:
                                       stop=list(params.stop or []),
                                       include_stop_str_in_output=params.include_stop_str_in_output)
 
-    def abort_request(self, request_id: str) -> None:
-        parent = self._parents.pop(request_id, None)
-        for child in parent.children if parent else []:
+    def abort_request(self, request_id: str) -> RequestOutput | None:
+        """End a request (all n completions) with finish_reason "abort"; returns its final output, or None
+        for an id that is not (or no longer) running."""
+        parent = self._parents.get(request_id)
+        if parent is None:
+            return None
+        for child in parent.children:
             self.scheduler.finish(child, "abort")
+        return self._finished([parent])[0]
+
+    def has_request(self, request_id: str) -> bool:
+        return request_id in self._parents
 
     # -- the loop ------------------------------------------------------------------------
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished() or self._pending is not None
 
     def step(self) -> list[RequestOutput]:
-        """Launch the next step, then process the previous one's outputs; returns updated requests."""
-        sched = self.scheduler.schedule()
-        launched = (sched, self.runner.execute(sched)) if sched else None
-        if launched is None and self._pending is None and self.scheduler.has_unfinished():
-            raise RuntimeError("scheduler made no progress: no step to launch and none in flight")
-        previous, self._pending = self._pending, launched
-        if previous is None:
-            return []
+        """Launch the next step, then process the previous one's outputs; returns updated requests.
+
+        If anything in it raises, the requests of the steps in flight end with finish_reason "error" and
+        StepFailed (carrying their final outputs) is raised from the original error; KeyboardInterrupt and
+        other non-Exceptions are re-raised as they are, after the same clean-up."""
+        launched: tuple[SchedulerOutput, AsyncStepOutput] | None = None
+        try:
+            sched = self.scheduler.schedule()
+            launched = (sched, self.runner.execute(sched)) if sched else None
+            if launched is None and self._pending is None and self.scheduler.has_unfinished():
+                raise RuntimeError("scheduler made no progress: no step to launch and none in flight")
+            previous, self._pending = self._pending, launched
+            self._note_launch(launched)
+            return self._process(previous) if previous is not None else []
+        except BaseException as exc:
+            outputs = self._fail_in_flight(launched)
+            if not isinstance(exc, Exception):
+                raise
+            raise StepFailed(f"a step failed ({type(exc).__name__}: {exc}); its {len(outputs)} request(s) ended "
+                             f"with finish_reason='error', the engine goes on", outputs) from exc
+
+    def _note_launch(self, launched: tuple[SchedulerOutput, AsyncStepOutput] | None) -> None:
+        now = time.monotonic()
+        if launched is not None:
+            sched = launched[0]
+            for s in sched.scheduled:
+                if s.is_new and s.request.parent_id in self._parents:
+                    self.stats.request_scheduled(s.request.parent_id, now)
+            if sched.preempted:
+                self.stats.preempted(len(sched.preempted))
+        pool = self.scheduler.pool
+        self.stats.set_running(len(self.scheduler.running))
+        self.stats.set_waiting(len(self.scheduler.waiting))
+        self.stats.set_kv_cache_usage(1.0 - pool.num_free / pool.num_usable)
+
+    def _process(self, previous: tuple[SchedulerOutput, AsyncStepOutput]) -> list[RequestOutput]:
         prev_sched, prev_out = previous
         result = prev_out.result()
         changed = self.scheduler.update(prev_sched, result.sampled.tolist(), result.nonfinite.tolist())
-        return self._outputs.process(self._parents, changed, result, self.scheduler.finish)
+        now = time.monotonic()
+        per_parent: dict[str, int] = {}
+        for _, req in changed:
+            if req.finish_reason != "error":
+                per_parent[req.parent_id] = per_parent.get(req.parent_id, 0) + 1
+        for parent_id, count in per_parent.items():
+            if parent_id in self._parents:
+                self.stats.tokens_generated(parent_id, count, now)
+        outputs = self._outputs.process(self._parents, changed, result, self.scheduler.finish)
+        return self._with_metrics(outputs)
+
+    def _with_metrics(self, outputs: list[RequestOutput]) -> list[RequestOutput]:
+        now = time.monotonic()
+        for out in outputs:
+            if out.finished:
+                reason = out.outputs[0].finish_reason or "abort"
+                generated = sum(len(c.token_ids) for c in out.outputs)
+                out.metrics = self.stats.request_finished(out.request_id, reason, now, len(out.prompt_token_ids),
+                                                          generated)
+            else:
+                out.metrics = self.stats.request_metrics(out.request_id)
+        return outputs
+
+    def _finished(self, parents: list[ParentRequest]) -> list[RequestOutput]:
+        """Final outputs of parents whose children have all been finished; forgets them."""
+        outputs = []
+        for parent in parents:
+            self._parents.pop(parent.request_id, None)
+            outputs.append(parent.output())
+        return self._with_metrics(outputs)
+
+    def _fail_in_flight(self, launched: tuple[SchedulerOutput, AsyncStepOutput] | None) -> list[RequestOutput]:
+        """After a failed step: end every request a step in flight (or half-scheduled) carried with "error"."""
+        steps = [s for s in (self._pending, launched) if s is not None]
+        self._pending = None
+        self.runner.state.discard_staged()
+        victims = {id(r): r for r in self.scheduler.running}  # a half-built schedule only touched running ones
+        for sched, _ in steps:
+            victims.update((id(s.request), s.request) for s in sched.scheduled)
+        hit: dict[str, ParentRequest] = {}
+        for req in victims.values():
+            self.scheduler.finish(req, "error")
+            req.num_inflight = 0
+            parent = self._parents.get(req.parent_id)
+            if parent is not None:
+                hit[parent.request_id] = parent
+        for parent in hit.values():  # an n > 1 request ends whole: its other completions are aborted
+            for child in parent.children:
+                self.scheduler.finish(child, "abort")
+        return self._finished(list(hit.values()))

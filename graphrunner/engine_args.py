@@ -6,9 +6,15 @@ bf16 on GPU and fp32 on CPU; the demo model shipped with the package is used whe
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
+import json
 import os
 import re
+import typing
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -55,50 +61,188 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     return dev
 
 
-def build_engine_config(
-    model: str | Path | None = None,
-    tokenizer: str | Path | None = None,
-    dtype: str | torch.dtype = "auto",
-    seed: int = 0,
-    max_model_len: int | None = None,
-    max_num_seqs: int = 256,
-    max_num_batched_tokens: int | None = None,
-    block_size: int = 16,
-    gpu_memory_utilization: float = 0.9,
-    num_gpu_blocks_override: int | None = None,
-    enforce_eager: bool = False,
-    enable_prefix_caching: bool = False,
-    device: str | torch.device | None = None,
-    use_triton: bool | None = None,
-    logprobs_mode: str = "raw_logprobs",
-    attention_backend: str | None = None,
-    compile_cache: str | Path | None = None,
-    cudagraph_mode: str = "full_and_piecewise",
-) -> EngineConfig:
-    model_dir = resolve_model_dir(model)
-    model_cfg = ModelConfig.from_dir(model_dir)
-    dev = resolve_device(device)
-    if max_model_len is None:
-        max_model_len = model_cfg.max_position_embeddings
-    elif max_model_len < 1 or max_model_len > model_cfg.max_position_embeddings:
-        raise ValueError(f"max_model_len={max_model_len} must be in [1, {model_cfg.max_position_embeddings}] "
-                         f"(the model's max_position_embeddings)")
-    if max_num_batched_tokens is None:
-        max_num_batched_tokens = 8192
-    return EngineConfig(
-        model_dir=model_dir,
-        tokenizer_dir=Path(tokenizer) if tokenizer is not None else model_dir,
-        model=model_cfg,
-        cache=CacheConfig(block_size, num_gpu_blocks_override, gpu_memory_utilization),
-        scheduler=SchedulerConfig(max_num_seqs, max_num_batched_tokens, max_model_len),
-        device=dev,
-        dtype=resolve_dtype(dtype, dev),
-        seed=seed,
-        enforce_eager=enforce_eager,
-        enable_prefix_caching=enable_prefix_caching,
-        use_triton=(dev.type == "cuda") if use_triton is None else use_triton,
-        logprobs_mode=logprobs_mode,
-        attention_backend=attention_backend or ("triton" if dev.type == "cuda" else "reference"),
-        compile_cache=Path(compile_cache) if compile_cache is not None else None,
-        cudagraph_mode=cudagraph_mode,
-    )
+def build_engine_config(**kwargs: Any) -> EngineConfig:
+    """EngineConfig from keyword engine arguments (EngineArgs' fields)."""
+    return EngineArgs(**kwargs).create_engine_config()
+
+
+def _json_value(text: str) -> Any:
+    """A JSON flag value; a bare number stays a number (compilation_config=3)."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        raise argparse.ArgumentTypeError(f"not valid JSON: {text!r}") from None
+
+
+_CUDAGRAPH_MODES = {"NONE": "none", "PIECEWISE": "piecewise", "FULL_AND_PIECEWISE": "full_and_piecewise",
+                    "FULL": "full_and_piecewise"}
+
+
+@dataclass
+class EngineArgs:
+    """vLLM's engine arguments (the keyword arguments of `LLM(...)`), resolved by `create_engine_config()`.
+
+    Fields that mean something here act; those of features graphrunner does not have are accepted only at
+    their inert values and otherwise refused with a one-line reason (see `_refusals`).
+    """
+
+    model: str | None = None
+    tokenizer: str | None = None
+    dtype: str = "auto"
+    seed: int | None = 0
+    max_model_len: int | None = None
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int | None = None
+    block_size: int = 16
+    gpu_memory_utilization: float = 0.9
+    num_gpu_blocks_override: int | None = None
+    enforce_eager: bool = False
+    enable_prefix_caching: bool | None = None
+    enable_chunked_prefill: bool | None = None
+    max_logprobs: int = 20
+    disable_log_stats: bool = False
+    generation_config: str = "auto"
+    kv_cache_dtype: str = "auto"
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    data_parallel_size: int = 1
+    compilation_config: int | dict[str, Any] | None = None
+    speculative_config: dict[str, Any] | None = None
+    trust_remote_code: bool = False
+    tokenizer_mode: str = "auto"
+    skip_tokenizer_init: bool = False
+    revision: str | None = None
+    tokenizer_revision: str | None = None
+    hf_token: str | bool | None = None
+    download_dir: str | None = None
+    load_format: str = "auto"
+    quantization: str | None = None
+    swap_space: float = 4.0  # accepted: preemption recomputes, nothing is swapped
+    cpu_offload_gb: float = 0.0
+    disable_custom_all_reduce: bool = False  # accepted: one GPU, no all-reduce
+    distributed_executor_backend: str | None = None
+    enable_lora: bool = False
+    served_model_name: str | None = None
+    profiler_config: dict[str, Any] | None = None  # {"profiler": "torch", "torch_profiler_dir": DIR}
+    # graphrunner's own
+    device: str | None = None
+    use_triton: bool | None = None
+    logprobs_mode: str = "raw_logprobs"
+    attention_backend: str | None = None
+    compile_cache: str | None = None
+    cudagraph_mode: str = "full_and_piecewise"
+
+    @classmethod
+    def add_cli_args(cls, parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        """One --flag per field (vLLM's spelling: --max-model-len), defaults from the dataclass."""
+        group = parser.add_argument_group("Engine arguments")
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            flag = "--" + f.name.replace("_", "-")
+            kind = hints[f.name]
+            args = typing.get_args(kind)
+            if kind is bool or bool in args:
+                group.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
+            elif dict in {typing.get_origin(a) or a for a in args} or typing.get_origin(kind) is dict:
+                group.add_argument(flag, type=_json_value, default=f.default, help="JSON (or a level, -O3 style)")
+            else:
+                scalar = next((a for a in (args or (kind,)) if a in (int, float, str)), str)
+                group.add_argument(flag, type=scalar, default=f.default)
+        return parser
+
+    @classmethod
+    def from_cli_args(cls, args: argparse.Namespace) -> EngineArgs:
+        return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)})
+
+    def _refusals(self) -> list[str]:
+        checks = [
+            (self.trust_remote_code, "trust_remote_code=True: graphrunner never runs code from a model directory"),
+            (self.tensor_parallel_size != 1,
+             f"tensor_parallel_size={self.tensor_parallel_size}: tensor parallelism is not built yet (one device)"),
+            (self.pipeline_parallel_size != 1, "pipeline_parallel_size != 1: pipeline parallelism is not supported"),
+            (self.data_parallel_size != 1, "data_parallel_size != 1: run one engine per device instead"),
+            (self.kv_cache_dtype != "auto",
+             f"kv_cache_dtype={self.kv_cache_dtype!r}: the KV cache is kept in the model dtype ('auto' only)"),
+            (self.speculative_config is not None, "speculative_config: speculative decoding is not built yet"),
+            (self.quantization is not None, f"quantization={self.quantization!r}: quantized models are not supported"),
+            (self.revision is not None or self.tokenizer_revision is not None,
+             "revision / tokenizer_revision: nothing is downloaded; pass a local directory at the wanted revision"),
+            (self.hf_token not in (None, False), "hf_token: nothing is downloaded; pass a local directory"),
+            (self.download_dir is not None, "download_dir: nothing is downloaded; pass a local directory"),
+            (self.load_format not in ("auto", "safetensors"), f"load_format={self.load_format!r}: safetensors only"),
+            (self.tokenizer_mode not in ("auto", "hf"),
+             f"tokenizer_mode={self.tokenizer_mode!r}: the model's (fast) tokenizer is always used"),
+            (self.cpu_offload_gb != 0, "cpu_offload_gb: weights stay on the device"),
+            (self.enable_lora, "enable_lora=True: LoRA adapters are not supported"),
+            (self.distributed_executor_backend not in (None, "uni", "mp"),
+             f"distributed_executor_backend={self.distributed_executor_backend!r}: one process per engine"),
+        ]
+        return [reason for refused, reason in checks if refused]
+
+    def _compilation(self) -> tuple[bool, str]:
+        """(enforce_eager, cudagraph_mode) after vLLM's compilation_config: a level / mode number or a dict."""
+        cc = self.compilation_config
+        eager, mode = self.enforce_eager, self.cudagraph_mode
+        if cc is None:
+            return eager, mode
+        if isinstance(cc, int) and not isinstance(cc, bool):
+            cc = {"level": cc}
+        if not isinstance(cc, dict):
+            raise ValueError(f"compilation_config must be a level (0-3) or a dict, got {cc!r}")
+        unknown = sorted(set(cc) - {"level", "mode", "cudagraph_mode", "cudagraph_capture_sizes"})
+        if unknown:
+            raise ValueError(f"compilation_config keys {unknown} are not supported; known: level, mode, "
+                             f"cudagraph_mode, cudagraph_capture_sizes")
+        level = cc.get("mode", cc.get("level"))
+        if level is not None:
+            if level not in (0, 1, 2, 3):
+                raise ValueError(f"compilation_config level must be 0-3, got {level!r}")
+            eager = eager or level == 0  # 0: no compilation, no graphs; 1-3: compiled (piecewise) + graphs
+        if "cudagraph_mode" in cc:
+            name = str(cc["cudagraph_mode"]).upper()
+            if name not in _CUDAGRAPH_MODES:
+                raise ValueError(f"compilation_config cudagraph_mode {cc['cudagraph_mode']!r}: expected one of "
+                                 f"{sorted(_CUDAGRAPH_MODES)}")
+            mode = _CUDAGRAPH_MODES[name]
+        return eager, mode
+
+    def create_engine_config(self) -> EngineConfig:
+        refusals = self._refusals()
+        if refusals:
+            raise ValueError("unsupported engine argument: " + "; ".join(refusals))
+        model_dir = resolve_model_dir(self.model)
+        model_cfg = ModelConfig.from_dir(model_dir)
+        dev = resolve_device(self.device)
+        max_len = self.max_model_len
+        if max_len is None:
+            max_len = model_cfg.max_position_embeddings
+        elif not isinstance(max_len, int) or max_len < 1 or max_len > model_cfg.max_position_embeddings:
+            raise ValueError(f"max_model_len={max_len} must be in [1, {model_cfg.max_position_embeddings}] "
+                             f"(the model's max_position_embeddings)")
+        chunked = self.enable_chunked_prefill is not False
+        batched = self.max_num_batched_tokens
+        if batched is None:
+            batched = 8192 if chunked else max(8192, max_len)
+        eager, graph_mode = self._compilation()
+        if not isinstance(self.max_logprobs, int) or self.max_logprobs < 0:
+            raise ValueError(f"max_logprobs must be an integer >= 0, got {self.max_logprobs!r}")
+        return EngineConfig(
+            model_dir=model_dir,
+            tokenizer_dir=Path(self.tokenizer) if self.tokenizer is not None else model_dir,
+            model=model_cfg,
+            cache=CacheConfig(self.block_size, self.num_gpu_blocks_override, self.gpu_memory_utilization),
+            scheduler=SchedulerConfig(self.max_num_seqs, batched, max_len, chunked),
+            device=dev,
+            dtype=resolve_dtype(self.dtype, dev),
+            seed=0 if self.seed is None else self.seed,
+            enforce_eager=eager,
+            enable_prefix_caching=bool(self.enable_prefix_caching),
+            use_triton=(dev.type == "cuda") if self.use_triton is None else self.use_triton,
+            logprobs_mode=self.logprobs_mode,
+            attention_backend=self.attention_backend or ("triton" if dev.type == "cuda" else "reference"),
+            compile_cache=Path(self.compile_cache) if self.compile_cache is not None else None,
+            cudagraph_mode=graph_mode,
+            max_logprobs=self.max_logprobs,
+            generation_config=self.generation_config,
+            skip_tokenizer_init=self.skip_tokenizer_init,
+        )

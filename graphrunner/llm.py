@@ -1,116 +1,221 @@
 """The offline Python API, with vLLM's names: `LLM(model=...).generate(prompts, sampling_params)`.
 
-Prompts are strings, token-id lists, `{"prompt_token_ids": [...]}` / `{"prompt": ...}` dicts, or
-lists of those; results come back in prompt order. `stream()` yields partial outputs as they grow.
+Prompts are strings, token-id lists, vLLM's TextPrompt / TokensPrompt dicts, or lists of those;
+results come back in prompt order. `stream()` yields partial outputs as they grow, `chat()` applies
+the tokenizer's chat template. Methods may be called from several threads: engine access is
+serialised and every caller receives only its own requests' outputs.
 """
 
 from __future__ import annotations
 
+import threading
+from collections import deque
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
-import torch
-
-from graphrunner.engine import Engine
-from graphrunner.engine_args import build_engine_config
+from graphrunner.engine import Engine, StepFailed
+from graphrunner.engine_args import EngineArgs
+from graphrunner.llm_engine import LLMEngine
+from graphrunner.metrics import Metric
 from graphrunner.outputs import RequestOutput
+from graphrunner.profiler import Profiler
+from graphrunner.progress import GenerateProgress
 from graphrunner.sampling_params import SamplingParams
 
 Prompt = str | list[int] | dict[str, Any]
 
 
-def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
+def _as_prompt_list(prompts: Any) -> list[Any]:
     if isinstance(prompts, (str, dict)):
         return [prompts]
+    if prompts is None or not isinstance(prompts, Sequence):
+        raise ValueError(f"prompts must be a prompt or a list of prompts, got {type(prompts).__name__}")
     prompts = list(prompts)
     if prompts and all(isinstance(p, int) and not isinstance(p, bool) for p in prompts):
         return [prompts]  # one prompt given as token ids
     return prompts
 
 
-class LLM:
-    """An engine over one local HF-format model directory (the shipped demo model by default)."""
+def _seed_everything(seed: int) -> None:
+    """Seed the process's Python, NumPy and torch RNGs, as vLLM does, so a script's own random numbers repeat."""
+    import random
 
-    def __init__(
-        self,
-        model: str | Path | None = None,
-        tokenizer: str | Path | None = None,
-        dtype: str | torch.dtype = "auto",
-        seed: int = 0,
-        max_model_len: int | None = None,
-        max_num_seqs: int = 256,
-        max_num_batched_tokens: int | None = None,
-        block_size: int = 16,
-        gpu_memory_utilization: float = 0.9,
-        num_gpu_blocks_override: int | None = None,
-        enforce_eager: bool = False,
-        enable_prefix_caching: bool = False,
-        compile_cache: str | Path | None = None,
-        device: str | torch.device | None = None,
-        use_triton: bool | None = None,
-        logprobs_mode: str = "raw_logprobs",
-        attention_backend: str | None = None,
-        cudagraph_mode: str = "full_and_piecewise",
-    ) -> None:
-        self.config = build_engine_config(
-            model=model, tokenizer=tokenizer, dtype=dtype, seed=seed, max_model_len=max_model_len,
-            max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, block_size=block_size,
-            gpu_memory_utilization=gpu_memory_utilization, num_gpu_blocks_override=num_gpu_blocks_override,
-            enforce_eager=enforce_eager, enable_prefix_caching=enable_prefix_caching, device=device,
-            use_triton=use_triton, logprobs_mode=logprobs_mode, attention_backend=attention_backend,
-            compile_cache=compile_cache, cudagraph_mode=cudagraph_mode,
-        )
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def _engine_args(model: Any, kwargs: dict[str, Any]) -> EngineArgs:
+    known = set(EngineArgs.__dataclass_fields__)
+    unknown = sorted(set(kwargs) - known)
+    if unknown:
+        raise ValueError(f"unknown engine argument(s) {unknown}; see graphrunner.EngineArgs for the supported ones")
+    return EngineArgs(model=model, **kwargs)
+
+
+class LLM:
+    """An engine over one local HF-format model directory (the shipped demo model by default).
+
+    Takes vLLM's engine arguments (`graphrunner.EngineArgs`' fields): max_model_len, max_num_seqs,
+    gpu_memory_utilization, enforce_eager, compilation_config, generation_config, ... ."""
+
+    def __init__(self, model: str | None = None, **kwargs: Any) -> None:
+        self.engine_args = _engine_args(model, kwargs)
+        self.config = self.engine_args.create_engine_config()
+        _seed_everything(self.config.seed)
         self.engine = Engine(self.config)
+        self.llm_engine = LLMEngine(self.engine)
+        self._lock = threading.RLock()
+        self._mailboxes: dict[str, deque[RequestOutput]] = {}  # per submitted request, until its final output
+        profiler = self.engine_args.profiler_config or {}
+        if profiler.get("profiler", "torch") != "torch":
+            raise ValueError(f"profiler_config: only the 'torch' profiler exists, got {profiler.get('profiler')!r}")
+        self._profiler = Profiler(profiler.get("torch_profiler_dir"))
 
     def get_tokenizer(self) -> Any:
         return self.engine.tokenizer
 
-    def _submit(self, prompts: Prompt | Sequence[Prompt],
-                sampling_params: SamplingParams | Sequence[SamplingParams] | None) -> list[str]:
+    def get_default_sampling_params(self) -> SamplingParams:
+        return self.llm_engine.get_default_sampling_params()
+
+    def get_metrics(self) -> list[Metric]:
+        """vLLM's offline metrics: counters, gauges and histograms under vLLM's names."""
+        with self._lock:
+            return self.engine.stats.snapshot()
+
+    def reset_prefix_cache(self) -> bool:
+        return self.llm_engine.reset_prefix_cache()
+
+    def start_profile(self) -> None:
+        """Start a torch profiler trace (into $VLLM_TORCH_PROFILER_DIR or $GRAPHRUNNER_TORCH_PROFILER_DIR)."""
+        self._profiler.start()
+
+    def stop_profile(self) -> None:
+        self._profiler.stop()
+
+    # -- submission and collection ---------------------------------------------------------
+    def _submit(self, prompts: Any, sampling_params: Any, lora_request: Any = None) -> list[str]:
+        if lora_request is not None:
+            raise ValueError("lora_request: LoRA adapters are not supported")
         plist = _as_prompt_list(prompts)
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
-            params = [sampling_params or SamplingParams()] * len(plist)
-        else:
+            params = [sampling_params or self.get_default_sampling_params()] * len(plist)
+        elif isinstance(sampling_params, Sequence) and not isinstance(sampling_params, str):
             params = list(sampling_params)
             if len(params) != len(plist):
                 raise ValueError(f"got {len(params)} sampling params for {len(plist)} prompts")
+        else:
+            raise ValueError(f"sampling_params must be a SamplingParams or a list of them, got "
+                             f"{type(sampling_params).__name__}")
         ids: list[str] = []
-        try:
-            for prompt, p in zip(plist, params):
-                ids.append(self.engine.add_request(prompt, p))
-        except Exception:
-            for rid in ids:  # all-or-nothing: a bad prompt in the batch leaves no request behind
-                self.engine.abort_request(rid)
-            raise
+        with self._lock:
+            try:
+                for prompt, p in zip(plist, params):
+                    ids.append(self.engine.add_request(prompt, p))
+                    self._mailboxes[ids[-1]] = deque()
+            except BaseException:
+                self._abort_all(ids)  # all-or-nothing: a bad prompt in the batch leaves no request behind
+                raise
         return ids
 
-    def generate(self, prompts: Prompt | Sequence[Prompt],
-                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 use_tqdm: bool = False) -> list[RequestOutput]:
-        """Run every prompt to completion; one RequestOutput per prompt, in order."""
-        ids = self._submit(prompts, sampling_params)
-        final: dict[str, RequestOutput] = {}
-        bar = None
-        if use_tqdm:
-            from tqdm import tqdm
+    def _abort_all(self, ids: Sequence[str]) -> None:
+        with self._lock:
+            for rid in ids:
+                self.engine.abort_request(rid)
+                self._mailboxes.pop(rid, None)
 
-            bar = tqdm(total=len(ids), desc="generating", unit="req")
+    def _collect(self, ids: set[str]) -> list[RequestOutput]:
+        """Outputs of `ids` available now, stepping the engine once if none are; raises StepFailed only when one
+        of `ids` failed (other callers' failed requests reach them as finish_reason="error" outputs)."""
+        with self._lock:
+            ready = self._drain(ids)
+            if ready:
+                return ready
+            if not self.engine.has_unfinished():
+                missing = sorted(rid for rid in ids if rid in self._mailboxes)
+                raise RuntimeError(f"requests {missing} are not running and never finished")
+            try:
+                self._route(self.engine.step())
+            except StepFailed as exc:
+                self._route(exc.outputs)
+                if any(o.request_id in ids for o in exc.outputs):
+                    self._drain(ids)
+                    raise
+            return self._drain(ids)
+
+    def _route(self, outputs: list[RequestOutput]) -> None:
+        for out in outputs:
+            box = self._mailboxes.get(out.request_id)
+            if box is not None:
+                box.append(out)
+
+    def _drain(self, ids: set[str]) -> list[RequestOutput]:
+        ready: list[RequestOutput] = []
+        for rid in list(ids):
+            box = self._mailboxes.get(rid)
+            while box:
+                out = box.popleft()
+                ready.append(out)
+                if out.finished:
+                    del self._mailboxes[rid]
+                    ids.discard(rid)
+                    break
+        return ready
+
+    # -- the public loops ----------------------------------------------------------------
+    def generate(self, prompts: Any, sampling_params: Any = None, use_tqdm: Any = True, lora_request: Any = None,
+                 **_ignored: Any) -> list[RequestOutput]:
+        """Run every prompt to completion; one RequestOutput per prompt, in order."""
+        ids = self._submit(prompts, sampling_params, lora_request)
+        final: dict[str, RequestOutput] = {}
+        pending = set(ids)
+        progress = GenerateProgress(len(ids), use_tqdm)
         try:
-            while self.engine.has_unfinished():
-                for out in self.engine.step():
+            while pending:
+                for out in self._collect(pending):
                     if out.finished:
                         final[out.request_id] = out
-                        if bar is not None:
-                            bar.update(1)
+                        progress.finished(out)
+        except BaseException:
+            self._abort_all([rid for rid in ids if rid not in final])
+            raise
         finally:
-            if bar is not None:
-                bar.close()
+            progress.close()
         return [final[rid] for rid in ids]
 
-    def stream(self, prompts: Prompt | Sequence[Prompt],
-               sampling_params: SamplingParams | Sequence[SamplingParams] | None = None) -> Iterator[RequestOutput]:
-        """Yield a RequestOutput (cumulative) each time one of the requests gains tokens."""
-        self._submit(prompts, sampling_params)
-        while self.engine.has_unfinished():
-            yield from self.engine.step()
+    def stream(self, prompts: Any, sampling_params: Any = None) -> Iterator[RequestOutput]:
+        """Yield a RequestOutput (cumulative) each time one of these requests gains tokens. Closing or
+        abandoning the iterator aborts the requests it still runs."""
+        ids = self._submit(prompts, sampling_params)
+        pending = set(ids)
+        try:
+            while pending:
+                yield from self._collect(pending)
+        finally:
+            self._abort_all([rid for rid in ids if rid in self._mailboxes])
+
+    def chat(self, messages: Any, sampling_params: Any = None, use_tqdm: Any = True, lora_request: Any = None,
+             chat_template: str | None = None, chat_template_content_format: str = "auto",
+             add_generation_prompt: bool = True, continue_final_message: bool = False, tools: Any = None,
+             chat_template_kwargs: dict[str, Any] | None = None, **_ignored: Any) -> list[RequestOutput]:
+        """Generate replies to one conversation (a list of {"role", "content"} dicts) or a list of them."""
+        from graphrunner.chat import render_chat
+
+        prompts = render_chat(self.engine.tokenizer, messages, chat_template=chat_template,
+                              add_generation_prompt=add_generation_prompt,
+                              continue_final_message=continue_final_message, tools=tools,
+                              chat_template_kwargs=chat_template_kwargs)
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm, lora_request=lora_request)
+
+    def abort(self, request_id: str) -> RequestOutput:
+        """Abort a running request (all its n completions); its final output (finish_reason "abort") also reaches
+        whoever waits on it. ValueError for an unknown or finished id."""
+        with self._lock:
+            out = self.engine.abort_request(request_id)
+            if out is None:
+                raise ValueError(f"no running request with id {request_id!r}")
+            self._route([out])
+            return out

@@ -36,12 +36,12 @@ def _read_index(index: Path) -> dict[str, str]:
     except (OSError, ValueError, RecursionError) as exc:  # unreadable, not UTF-8, not JSON, absurdly nested
         raise ValueError(f"shard index {index} is not a readable JSON file: {exc}") from exc
     if not isinstance(data, dict):  # a broken file, not a caller's type error: ValueError like every file problem
-        raise ValueError(f"shard index {index} must contain a JSON object, got {type(data).__name__}")  # noqa: TRY004
+        raise ValueError(f"shard index {index} must contain a JSON object, got {type(data).__name__}")
     weight_map = data.get("weight_map")
     if weight_map is None:
         return {}
     if not isinstance(weight_map, dict):
-        raise ValueError(  # noqa: TRY004 - a broken file
+        raise ValueError(
             f"shard index {index}: 'weight_map' must be a JSON object, got {type(weight_map).__name__}")
     for key, name in weight_map.items():
         if not isinstance(name, str) or not name or Path(name).is_absolute() or ".." in Path(name).parts:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from graphrunner.metrics import RequestMetrics
+
 
 @dataclass
 class Logprob:
@@ -40,3 +42,5 @@ class RequestOutput:
     outputs: list[CompletionOutput] = field(default_factory=list)
     finished: bool = False
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None
+    metrics: RequestMetrics | None = None  # arrival, first scheduled / first token / last token / finished times
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache

@@ -67,7 +67,7 @@ def _finite(name: str, value: Any) -> None:
 def _as_list(name: str, value: Any) -> list[Any]:
     """A copy of a list / tuple field; anything else (a bare value, a dict, a set of unknown order) is refused."""
     if not isinstance(value, (list, tuple)):
-        raise ValueError(f"{name} must be a list, got {type(value).__name__} {value!r}")  # noqa: TRY004
+        raise ValueError(f"{name} must be a list, got {type(value).__name__} {value!r}")
     return list(value)
 
 
@@ -100,7 +100,7 @@ def _check_logit_bias(value: Any) -> None:
     if value is None:
         return
     if not isinstance(value, dict):
-        raise ValueError(  # noqa: TRY004 - every refusal is a ValueError (module docstring)
+        raise ValueError(
             f"logit_bias must be a dict of token id -> bias, got {type(value).__name__} {value!r}")
     bad = [k for k in value if not _is_token_key(k)]
     if bad:
@@ -207,7 +207,7 @@ class SamplingParams:
         for name in _BOOL_FIELDS:
             value = getattr(self, name)
             if not isinstance(value, bool):
-                raise ValueError(f"{name} must be True or False, got {type(value).__name__} {value!r}")  # noqa: TRY004
+                raise ValueError(f"{name} must be True or False, got {type(value).__name__} {value!r}")
         if self.stop and not self.detokenize:
             raise ValueError(f"stop strings are only supported when detokenize is True (stop={self.stop!r}, "
                              "detokenize=False)")
@@ -215,7 +215,7 @@ class SamplingParams:
             raise ValueError("allowed_token_ids must not be empty (use None to allow every token)")
         _check_logit_bias(self.logit_bias)
         if not isinstance(self.output_kind, RequestOutputKind):
-            raise ValueError(f"output_kind must be a RequestOutputKind, got {self.output_kind!r}")  # noqa: TRY004
+            raise ValueError(f"output_kind must be a RequestOutputKind, got {self.output_kind!r}")
 
     def clone(self) -> SamplingParams:
         """A deep copy (as vLLM's clone): changing the copy's lists or dicts leaves this one as it is."""

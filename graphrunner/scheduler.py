@@ -69,6 +69,11 @@ class Scheduler:
 
     # -- admission -------------------------------------------------------------------------
     def add_request(self, req: Request) -> None:
+        self.check_fits(req)
+        self.waiting.append(req)
+
+    def check_fits(self, req: Request) -> None:
+        """ValueError unless the whole cache could hold the request at its longest."""
         need = blocks_needed(req.prompt_len + req.max_tokens, self.block_size)
         if need > self.pool.num_usable:
             raise ValueError(
@@ -76,7 +81,6 @@ class Scheduler:
                 f"{req.max_tokens}) but the cache only has {self.pool.num_usable}; lower max_tokens or raise "
                 f"num_gpu_blocks_override / gpu_memory_utilization"
             )
-        self.waiting.append(req)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
@@ -124,7 +128,10 @@ class Scheduler:
             req = self.waiting[0]
             if req.num_inflight:  # preempted with a token still in flight: wait for its value
                 break
-            num_new = min(req.num_known_tokens - req.num_computed_tokens, budget)
+            remaining = req.num_known_tokens - req.num_computed_tokens
+            if remaining > budget and not self.config.enable_chunked_prefill:
+                break  # the whole prompt must fit one step: it waits for an emptier step
+            num_new = min(remaining, budget)
             got = self.pool.allocate(blocks_needed(num_new, self.block_size))
             if got is None:
                 break

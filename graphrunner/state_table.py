@@ -121,6 +121,10 @@ class StateTable:
             floats = to_device([v for col in self._floats for v in col], torch.float32, self.device)
             self.floats.index_copy_(1, rows, floats.view(len(_FLOAT_FIELDS), n_new))
             self.seeds.index_copy_(0, rows, to_device(self._seeds, torch.int64, self.device))
+        self.discard_staged()
+
+    def discard_staged(self) -> None:
+        """Forget staged diffs (after they are applied, or when the step that staged them failed)."""
         self._tokens, self._blocks = _RaggedStage(), _RaggedStage()
         self._rows, self._seeds = [], []
         self._ints = [[], [], [], []]
