@@ -16,7 +16,7 @@ from typing import Any
 from graphrunner.async_output import AsyncStepOutput
 from graphrunner.config import EngineConfig
 from graphrunner.detokenizer import IncrementalDetokenizer
-from graphrunner.intake import prompt_token_ids, validate_request
+from graphrunner.intake import cache_salt, prompt_token_ids, validate_request
 from graphrunner.kv_cache import BlockPool
 from graphrunner.metrics import EngineStats
 from graphrunner.output_processor import OutputProcessor, ParentRequest
@@ -52,7 +52,8 @@ class Engine:
         self.config = config
         self.tokenizer = None if config.skip_tokenizer_init else load_tokenizer(config.tokenizer_dir)
         self.runner, num_blocks = build_runner(config, model_state)
-        self.scheduler = Scheduler(config.scheduler, BlockPool(num_blocks), config.cache.block_size)
+        pool = BlockPool(num_blocks, enable_caching=config.enable_prefix_caching)
+        self.scheduler = Scheduler(config.scheduler, pool, config.cache.block_size)
         self.stats = EngineStats(config.scheduler.max_model_len, {"model_name": str(config.model_dir)})
         self._rng = random.Random(config.seed)
         self._parents: dict[str, ParentRequest] = {}
@@ -71,6 +72,7 @@ class Engine:
         if request_id in self._parents:
             raise ValueError(f"request id {request_id!r} is already in use")
         text, ids = prompt_token_ids(prompt, self.tokenizer, self.config)
+        salt = cache_salt(prompt)
         if params.truncate_prompt_tokens is not None:
             ids = ids[-params.truncate_prompt_tokens:]
         max_tokens = validate_request(ids, params, self.config, self.tokenizer is not None)
@@ -81,7 +83,7 @@ class Engine:
         base_seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
         eos = () if params.ignore_eos else model.eos_token_ids
         children = [Request(f"{request_id}-{i}" if params.n > 1 else request_id, request_id, i, ids, params,
-                            derive_seed(base_seed, i), max_tokens, eos, sampling=sampling)
+                            derive_seed(base_seed, i), max_tokens, eos, sampling=sampling, cache_salt=salt)
                     for i in range(params.n)]
         for child in children:  # checks the cache can ever hold it: raises before anything is queued
             self.scheduler.check_fits(child)
@@ -158,6 +160,8 @@ class Engine:
             for s in sched.scheduled:
                 if s.is_new and s.request.parent_id in self._parents:
                     self.stats.request_scheduled(s.request.parent_id, now)
+                    if self.scheduler.pool.enable_caching:
+                        self.stats.prefix_cache(s.request.num_host_tokens, s.num_cached)
             if sched.preempted:
                 self.stats.preempted(len(sched.preempted))
         pool = self.scheduler.pool
@@ -218,4 +222,7 @@ class Engine:
         for parent in hit.values():  # an n > 1 request ends whole: its other completions are aborted
             for child in parent.children:
                 self.scheduler.finish(child, "abort")
+        # blocks registered for the failed step may hold no valid KV: forget every cached prefix (no block is
+        # held now: only running requests hold blocks, and they all ended above)
+        self.scheduler.pool.reset_prefix_cache()
         return self._finished(list(hit.values()))

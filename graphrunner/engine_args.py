@@ -236,7 +236,7 @@ class EngineArgs:
             dtype=resolve_dtype(self.dtype, dev),
             seed=0 if self.seed is None else self.seed,
             enforce_eager=eager,
-            enable_prefix_caching=bool(self.enable_prefix_caching),
+            enable_prefix_caching=self.enable_prefix_caching is not False,  # on by default, as in vLLM
             use_triton=(dev.type == "cuda") if self.use_triton is None else self.use_triton,
             logprobs_mode=self.logprobs_mode,
             attention_backend=self.attention_backend or ("triton" if dev.type == "cuda" else "reference"),

@@ -13,6 +13,14 @@ from graphrunner.config import EngineConfig
 from graphrunner.sampling_params import SamplingParams
 
 
+def cache_salt(prompt: Any) -> str | None:
+    """The prompt dict's `cache_salt` (vLLM's): requests share cached prefix blocks only with equal salts."""
+    salt = prompt.get("cache_salt") if isinstance(prompt, Mapping) else None
+    if salt is not None and (not isinstance(salt, str) or not salt):
+        raise ValueError(f"cache_salt must be a non-empty string, got {salt!r}")
+    return salt
+
+
 def prompt_token_ids(prompt: Any, tokenizer: Any | None, config: EngineConfig) -> tuple[str | None, list[int]]:
     """(prompt text or None, token ids) of one prompt: a str, a list of ids, or a {"prompt": ...} /
     {"prompt_token_ids": [...]} dict (vLLM's TextPrompt / TokensPrompt)."""

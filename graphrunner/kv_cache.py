@@ -1,4 +1,5 @@
-"""Paged KV cache: the block pool the scheduler allocates from, and the cache tensor itself.
+"""Paged KV cache: the block pool the scheduler allocates from (reference counts, an LRU free queue and
+the prefix cache's key -> block map), and the cache tensor itself.
 
 Block 0 is a reserved null block: it is never handed out, so padding writes aimed at it can
 never corrupt a real request's keys and values.
@@ -6,22 +7,33 @@ never corrupt a real request's keys and values.
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import torch
 
 from graphrunner.config import ModelConfig
+from graphrunner.prefix_cache import BlockHash
 
 NULL_BLOCK = 0
 
 
 class BlockPool:
-    """Free list of physical KV blocks (ids 1..num_blocks-1; 0 is the null block)."""
+    """Physical KV blocks (ids 1..num_blocks-1; 0 is the null block) with reference counts and a prefix cache.
 
-    def __init__(self, num_blocks: int) -> None:
+    Free blocks wait in an LRU queue (the front is reused first) and keep their contents: a full block
+    registered under its prefix key stays a cache hit until it is handed out again. A request's blocks are
+    queued tail first when freed, so its last blocks are evicted before the prefix others may share.
+    """
+
+    def __init__(self, num_blocks: int, enable_caching: bool = False) -> None:
         if num_blocks < 2:
             raise ValueError(f"the KV cache needs at least 2 blocks (one is reserved), got {num_blocks}")
         self.num_blocks = num_blocks
-        # Popped from the end: low ids are handed out first, which keeps tests readable.
-        self._free = list(range(num_blocks - 1, NULL_BLOCK, -1))
+        self.enable_caching = enable_caching
+        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(1, num_blocks))  # low ids first
+        self._ref = [0] * num_blocks
+        self._key: list[BlockHash | None] = [None] * num_blocks  # the prefix key a block is registered under
+        self._cached: dict[BlockHash, int] = {}
 
     @property
     def num_free(self) -> int:
@@ -31,16 +43,66 @@ class BlockPool:
     def num_usable(self) -> int:
         return self.num_blocks - 1
 
+    @property
+    def num_cached(self) -> int:
+        return len(self._cached)
+
+    def ref_count(self, block_id: int) -> int:
+        return self._ref[block_id]
+
     def allocate(self, count: int) -> list[int] | None:
-        """`count` block ids, or None (nothing taken) when not enough are free."""
+        """`count` fresh block ids (evicting their cached contents), or None (nothing taken) when too few are free."""
         if count > len(self._free):
             return None
-        taken = self._free[len(self._free) - count:]
-        del self._free[len(self._free) - count:]
-        return taken[::-1]
+        taken = []
+        for _ in range(count):
+            block, _ = self._free.popitem(last=False)
+            key = self._key[block]
+            if key is not None:
+                del self._cached[key]
+                self._key[block] = None
+            self._ref[block] = 1
+            taken.append(block)
+        return taken
 
     def free(self, block_ids: list[int]) -> None:
-        self._free.extend(reversed(block_ids))
+        """Drop one reference to each block; a block nobody holds joins the free queue (tail blocks first)."""
+        for block in reversed(block_ids):
+            self._ref[block] -= 1
+            if self._ref[block] == 0:
+                self._free[block] = None
+
+    # -- the prefix cache --------------------------------------------------------------------
+    def lookup(self, keys: list[BlockHash]) -> list[int]:
+        """Blocks of the longest cached prefix of `keys` (not yet held: call `hold`)."""
+        hits = []
+        for key in keys:
+            block = self._cached.get(key)
+            if block is None:
+                break
+            hits.append(block)
+        return hits
+
+    def hold(self, block_ids: list[int]) -> None:
+        """Take a reference to cached blocks (out of the free queue if nobody held them)."""
+        for block in block_ids:
+            if self._ref[block] == 0:
+                del self._free[block]
+            self._ref[block] += 1
+
+    def register(self, block_id: int, key: BlockHash) -> None:
+        """A full, computed block becomes a hit for `key` (the first block registered under a key keeps it)."""
+        if self.enable_caching and self._key[block_id] is None and key not in self._cached:
+            self._cached[key] = block_id
+            self._key[block_id] = key
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix; False (nothing done) while any block is held, as vLLM."""
+        if any(self._ref):
+            return False
+        self._cached.clear()
+        self._key = [None] * self.num_blocks
+        return True
 
 
 def kv_bytes_per_block(model: ModelConfig, block_size: int, dtype: torch.dtype) -> int:

@@ -87,7 +87,9 @@ class LLM:
             return self.engine.stats.snapshot()
 
     def reset_prefix_cache(self) -> bool:
-        return self.llm_engine.reset_prefix_cache()
+        """Forget every cached prefix; False (nothing done) while requests still hold blocks."""
+        with self._lock:
+            return self.llm_engine.reset_prefix_cache()
 
     def start_profile(self) -> None:
         """Start a torch profiler trace (into $VLLM_TORCH_PROFILER_DIR or $GRAPHRUNNER_TORCH_PROFILER_DIR)."""

@@ -81,5 +81,5 @@ class LLMEngine:
         return self.engine.stats.snapshot()
 
     def reset_prefix_cache(self) -> bool:
-        """No prefix cache exists yet (enable_prefix_caching is accepted and has no effect), so nothing to drop."""
-        return True
+        """Forget every cached prefix; False (nothing done) while requests still hold blocks, as vLLM."""
+        return self.engine.scheduler.pool.reset_prefix_cache()

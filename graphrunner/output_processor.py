@@ -40,7 +40,9 @@ class ParentRequest:
                 logprobs=list(lps) if lps is not None else None,
                 finish_reason=child.finish_reason, stop_reason=child.stop_reason))
         done = all(c.finished for c in self.children)
-        return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, outs, done, self.prompt_logprobs)
+        cached = max(0, self.children[0].num_cached_tokens)
+        return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, outs, done, self.prompt_logprobs,
+                             num_cached_tokens=cached)
 
 
 class LogprobRows:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from graphrunner.prefix_cache import BlockHash
 from graphrunner.sampling.batch import RequestSampling
 from graphrunner.sampling_params import SamplingParams
 
@@ -40,6 +41,10 @@ class Request:
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     sampling: RequestSampling = field(default_factory=RequestSampling)  # token-level sampling data
+    cache_salt: str | None = None   # extra prefix-cache key: only requests with the same salt share blocks
+    block_hashes: list[BlockHash] = field(default_factory=list)  # prefix keys of its full, known blocks
+    num_registered_blocks: int = 0  # leading blocks of block_ids already registered in the prefix cache
+    num_cached_tokens: int = -1     # prompt tokens served from the prefix cache at first admission (-1: not yet)
 
     @property
     def prompt_len(self) -> int:
@@ -49,6 +54,11 @@ class Request:
     def num_known_tokens(self) -> int:
         """Prompt + outputs, counting tokens still in flight (their values live on the device)."""
         return self.prompt_len + len(self.output_token_ids) + self.num_inflight
+
+    @property
+    def num_host_tokens(self) -> int:
+        """Prompt + outputs whose values the host has seen."""
+        return self.prompt_len + len(self.output_token_ids)
 
     @property
     def num_generated(self) -> int:

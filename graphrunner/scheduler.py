@@ -1,4 +1,5 @@
-"""Continuous-batching scheduler: token budget, chunked prefill, preemption by recompute.
+"""Continuous-batching scheduler: token budget, chunked prefill, preemption by recompute, and prefix-cache
+admission (a request starts past the longest cached run of whole blocks of its known tokens).
 
 It decides from counts alone (never from token values), so step N+1 can be scheduled while
 step N still runs on the device. Token values arrive in `update()` one step late; a token
@@ -12,6 +13,7 @@ from dataclasses import dataclass, field
 
 from graphrunner.config import SchedulerConfig
 from graphrunner.kv_cache import BlockPool, blocks_needed
+from graphrunner.prefix_cache import extend_block_hashes
 from graphrunner.request import Request, RequestStatus
 
 
@@ -25,6 +27,7 @@ class ScheduledRequest:
     first_new_block: int     # index in the request's block list where new_block_ids start
     seq_len: int             # context length after this step (cached + scheduled tokens)
     samples: bool            # this step reaches the end of known tokens, so its sampled token is real
+    num_cached: int = 0      # is_new: tokens served from the prefix cache at this admission
 
 
 @dataclass
@@ -128,19 +131,51 @@ class Scheduler:
             req = self.waiting[0]
             if req.num_inflight:  # preempted with a token still in flight: wait for its value
                 break
-            remaining = req.num_known_tokens - req.num_computed_tokens
+            hits = self._cache_hits(req)
+            cached = len(hits) * self.block_size
+            remaining = req.num_known_tokens - cached
             if remaining > budget and not self.config.enable_chunked_prefill:
                 break  # the whole prompt must fit one step: it waits for an emptier step
             num_new = min(remaining, budget)
-            got = self.pool.allocate(blocks_needed(num_new, self.block_size))
+            self.pool.hold(hits)  # before allocating: the hits must not be evicted for this very request
+            got = self.pool.allocate(blocks_needed(cached + num_new, self.block_size) - len(hits))
             if got is None:
+                self.pool.free(hits)
                 break
             self.waiting.popleft()
             req.row = self.rows.take()
             req.status = RequestStatus.RUNNING
+            req.num_computed_tokens = cached  # the row starts past the hits: prep kernels just begin later
+            if req.num_cached_tokens < 0:
+                req.num_cached_tokens = cached
             self.running.append(req)
-            out.scheduled.append(self._commit(req, num_new, got, is_new=True))
+            scheduled = self._commit(req, num_new, hits + got, is_new=True)
+            scheduled.num_cached = cached
+            out.scheduled.append(scheduled)
             budget -= num_new
+
+    # -- the prefix cache --------------------------------------------------------------------
+    def _cache_hits(self, req: Request) -> list[int]:
+        """Cached blocks of req's longest known prefix, whole blocks only and at least one token left to compute;
+        none for a request that wants prompt logprobs (those need the whole prompt's logits)."""
+        if not self.pool.enable_caching or req.params.prompt_logprobs is not None:
+            return []
+        known = req.num_host_tokens
+        extend_block_hashes(req.block_hashes, req.all_token_ids(), known, self.block_size, req.cache_salt)
+        return self.pool.lookup(req.block_hashes[:(known - 1) // self.block_size])
+
+    def _register_blocks(self, req: Request) -> None:
+        """Register req's newly full blocks whose tokens are computed (or launched) and known to the host."""
+        if not self.pool.enable_caching or req.row < 0:
+            return
+        full = min(req.num_computed_tokens, req.num_host_tokens) // self.block_size
+        if full <= req.num_registered_blocks:
+            return
+        extend_block_hashes(req.block_hashes, req.all_token_ids(), full * self.block_size, self.block_size,
+                            req.cache_salt)
+        for i in range(req.num_registered_blocks, full):
+            self.pool.register(req.block_ids[i], req.block_hashes[i])
+        req.num_registered_blocks = full
 
     def _commit(self, req: Request, num_new: int, new_blocks: list[int], is_new: bool) -> ScheduledRequest:
         first = len(req.block_ids)
@@ -149,6 +184,7 @@ class Scheduler:
         samples = req.num_computed_tokens == req.num_known_tokens
         if samples:
             req.num_inflight += 1
+        self._register_blocks(req)
         return ScheduledRequest(req, req.row, num_new, is_new, new_blocks, first, req.num_computed_tokens, samples)
 
     def _preempt(self, req: Request, out: SchedulerOutput) -> None:
@@ -163,6 +199,7 @@ class Scheduler:
     def _release(self, req: Request) -> None:
         self.pool.free(req.block_ids)
         req.block_ids = []
+        req.num_registered_blocks = 0
         if req.row >= 0:
             self.rows.give_back(req.row)
             req.row = -1
@@ -187,6 +224,7 @@ class Scheduler:
                 self.finish(req, "error")
             else:
                 req.output_token_ids.append(token)
+                self._register_blocks(req)  # first: a request ending here leaves its full blocks cached
                 self._check_stop(req, token)
             changed.append((b, req))
         return changed

@@ -151,10 +151,13 @@ def test_broken_file_is_named(good_dir: Path, tmp_path: Path, breaker: Breaker, 
     assert str(broken) in message  # the file is named by its path, not just its base name
 
 
-def test_corrupt_generation_config_is_not_read(good_dir: Path, tmp_path: Path) -> None:
-    """Nothing reads generation_config.json: a corrupt one does not stop the model from loading."""
+def test_corrupt_generation_config_is_named(good_dir: Path, tmp_path: Path) -> None:
+    """generation_config.json gives the sampling defaults (generation_config="auto"): a corrupt one is named;
+    with generation_config="vllm" it is not read at all."""
     broken = _broken_copy(good_dir, tmp_path / "gen", _write("generation_config.json", "{bad"))
-    LLM(model=broken, num_gpu_blocks_override=16)
+    with pytest.raises(ValueError, match="generation_config.json"):
+        LLM(model=broken, num_gpu_blocks_override=16)
+    LLM(model=broken, num_gpu_blocks_override=16, generation_config="vllm")
 
 
 def test_hub_id_is_not_downloaded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -73,13 +73,14 @@ def test_flags_build_sampling_params() -> None:
     p = _args("--n", "2", "--top-k", "5", "--top-p", "0.5", "--request-seed", "7", "--stop", "a", "--stop", "bc",
               "--stop-token-ids", "3", "--stop-token-ids", "4", "--bad-words", "x", "--logit-bias", "5=-1.5",
               "--logit-bias", "9=2", "--allowed-token-ids", "5", "--allowed-token-ids", "9", "--ignore-eos",
-              "--no-skip-special-tokens", "--no-detokenize", "--include-stop-str-in-output", "--logprobs", "2",
+              "--no-skip-special-tokens", "--no-spaces-between-special-tokens", "--include-stop-str-in-output", "--logprobs", "2",
               "--prompt-logprobs", "1", "--max-tokens", "8", "--min-tokens", "2", "--presence-penalty", "0.5",
               "--truncate-prompt-tokens", "4")
     assert (p.n, p.top_k, p.top_p, p.seed, p.stop, p.stop_token_ids, p.bad_words) == (2, 5, 0.5, 7, ["a", "bc"],
                                                                                          [3, 4], ["x"])
     assert p.logit_bias == {5: -1.5, 9: 2.0} and p.allowed_token_ids == [5, 9]
-    assert p.ignore_eos and p.include_stop_str_in_output and not p.skip_special_tokens and not p.detokenize
+    assert p.ignore_eos and p.include_stop_str_in_output and not p.skip_special_tokens
+    assert not p.spaces_between_special_tokens and p.detokenize
     assert (p.logprobs, p.prompt_logprobs, p.max_tokens, p.min_tokens) == (2, 1, 8, 2)
     assert (p.presence_penalty, p.truncate_prompt_tokens) == (0.5, 4)
 

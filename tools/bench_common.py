@@ -125,12 +125,13 @@ def measure_ttft_tpot(run: Callable[[int], Any], output_len: int, repeats: int, 
 
 # ----------------------------------------------------------------------------------------------- engines
 def build_ours(model: str, device: torch.device, max_model_len: int, max_num_seqs: int, enforce_eager: bool,
-               gpu_memory_utilization: float, seed: int = 0) -> Any:
+               gpu_memory_utilization: float, seed: int = 0, enable_prefix_caching: bool = True) -> Any:
     """Our engine through its public, vLLM-compatible API."""
     from graphrunner import LLM
 
     return LLM(model=model, dtype="auto", seed=seed, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
-               enforce_eager=enforce_eager, gpu_memory_utilization=gpu_memory_utilization, device=str(device))
+               enforce_eager=enforce_eager, gpu_memory_utilization=gpu_memory_utilization, device=str(device),
+               enable_prefix_caching=enable_prefix_caching)
 
 
 def ours_generate(llm: Any, prompts: Sequence[list[int]], max_tokens: int, temperature: float) -> list[list[int]]:

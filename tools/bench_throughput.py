@@ -42,6 +42,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="the HF peer runs on the first K requests only (it takes minutes for all); default %(default)s")
     p.add_argument("--max-num-seqs", type=int, default=256, help="ours")
     p.add_argument("--warmup-requests", type=int, default=4, help="ours: size of the warm-up generate (16 tokens each)")
+    p.add_argument("--no-prefix-caching", action="store_true", help="ours: enable_prefix_caching=False")
     return p.parse_args(argv)
 
 
@@ -91,7 +92,8 @@ def run_ours(args: argparse.Namespace, prompts: list[list[int]], device: torch.d
     def body() -> None:
         llm = build_ours(args.model, device, max_model_len=args.max_prompt + args.output_len,
                          max_num_seqs=args.max_num_seqs, enforce_eager=args.enforce_eager,
-                         gpu_memory_utilization=args.gpu_memory_utilization)
+                         gpu_memory_utilization=args.gpu_memory_utilization,
+                         enable_prefix_caching=not args.no_prefix_caching)
         warm = prompts[: args.warmup_requests]
         warm_s = timed(lambda: ours_generate(llm, warm, 16, args.temperature), device)
         seconds = timed(lambda: ours_generate(llm, prompts, args.output_len, args.temperature), device)

@@ -1,0 +1,182 @@
+"""Prefix caching: the block pool's reference counts, LRU eviction and key map; SHA-256 chained block keys;
+and whole engines whose greedy tokens with caching on equal HF's and caching off for shared prefixes of
+0, block - 1, 1 block, several blocks and the whole prompt, through preemption, chunked prefill, n > 1,
+seeds, prompt logprobs and salts, with `num_cached_tokens` and the metrics showing the hits.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+from tiny_models import hf_greedy, make_tiny_model
+
+from graphrunner import LLM, SamplingParams
+from graphrunner.kv_cache import BlockPool
+from graphrunner.prefix_cache import extend_block_hashes, hash_block
+
+BS = 16
+GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+ARCHS = ["Qwen3ForCausalLM", "LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM"]
+
+
+# -- the pool and the keys -----------------------------------------------------------------------
+def test_block_keys_chain_parent_tokens_and_salt() -> None:
+    a, b = list(range(16)), list(range(16, 32))
+    assert hash_block(None, a) == hash_block(None, list(a)) and len(hash_block(None, a)) == 32
+    assert hash_block(None, a) != hash_block(None, b)
+    assert hash_block(hash_block(None, a), b) != hash_block(hash_block(None, b), b)  # the parent matters
+    assert hash_block(None, a, "x") != hash_block(None, a) != hash_block(None, a, "y")
+    keys: list[bytes] = []
+    extend_block_hashes(keys, a + b + [1, 2], 34, BS)
+    assert keys == [hash_block(None, a), hash_block(hash_block(None, a), b)]  # the partial block has no key
+    extend_block_hashes(keys, a + b + [1, 2], 34, BS)
+    assert len(keys) == 2
+
+
+def test_pool_reference_counts_lru_and_eviction() -> None:
+    pool = BlockPool(7, enable_caching=True)  # blocks 1..6
+    first = pool.allocate(3)
+    assert first == [1, 2, 3] and pool.num_free == 3
+    pool.register(1, b"k1")
+    pool.register(2, b"k2")
+    assert pool.lookup([b"k1", b"k2", b"k3"]) == [1, 2]
+    pool.hold([1, 2])  # a second request shares the prefix
+    assert pool.ref_count(1) == 2
+    pool.free(first)  # the first owner ends: shared blocks stay held, block 3 is free
+    assert pool.num_free == 4 and pool.ref_count(1) == 1 and pool.ref_count(3) == 0
+    pool.free([1, 2])  # tail first: block 2 is evicted before block 1
+    assert pool.lookup([b"k1", b"k2"]) == [1, 2]  # free blocks are still hits
+    assert pool.reset_prefix_cache() is True and pool.lookup([b"k1"]) == []
+    pool.register(1, b"k1")
+    pool.register(2, b"k2")
+    taken = pool.allocate(4)  # 4, 5, 6 were never used, then the queue's front: 3, then 2 (tail first)
+    assert taken == [4, 5, 6, 3]
+    assert pool.lookup([b"k1", b"k2"]) == [1, 2]
+    assert pool.allocate(1) == [2] and pool.lookup([b"k1", b"k2"]) == [1]  # evicted: no longer a hit
+    pool.hold([1])
+    assert pool.reset_prefix_cache() is False  # a held block: nothing is dropped
+    assert pool.allocate(1) is None
+
+
+def test_pool_without_caching_registers_nothing() -> None:
+    pool = BlockPool(4)
+    block = pool.allocate(1)
+    pool.register(block[0], b"k")
+    assert pool.lookup([b"k"]) == [] and pool.num_cached == 0
+
+
+# -- engines -----------------------------------------------------------------------------------
+def _prompts(seed: int = 0) -> list[list[int]]:
+    """A shared 70-token base; later prompts share 0, BS - 1, BS, 3 * BS and all of it (then more)."""
+    rng = random.Random(seed)
+    base = [rng.randrange(400) for _ in range(70)]
+    prompts = [base[:n] + [rng.randrange(400) for _ in range(k)]
+               for n, k in [(0, 20), (BS - 1, 5), (BS, 4), (3 * BS, 9), (70, 0), (70, 3)]]
+    return [*prompts, list(prompts[4])]  # the whole prompt once more
+
+
+@pytest.fixture(scope="module", params=ARCHS)
+def case(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list]:
+    model_dir = make_tiny_model(tmp_path_factory.mktemp("pc"), request.param)
+    return model_dir, [hf_greedy(model_dir, p, GREEDY.max_tokens) for p in _prompts()]
+
+
+def _one_by_one(llm: LLM, prompts: list[list[int]], params: SamplingParams = GREEDY) -> list:
+    return [llm.generate([p], params, use_tqdm=False)[0] for p in prompts]
+
+
+def _assert_all_released(llm: LLM) -> None:
+    pool = llm.engine.scheduler.pool
+    assert pool.num_free == pool.num_usable
+    assert all(pool.ref_count(b) == 0 for b in range(pool.num_blocks))
+
+
+def test_cached_prefixes_match_hf_and_caching_off(case: tuple[Path, list]) -> None:
+    model_dir, expected = case
+    off = LLM(model=model_dir, num_gpu_blocks_override=128, enable_prefix_caching=False)
+    assert [o.outputs[0].token_ids for o in off.generate(_prompts(), GREEDY, use_tqdm=False)] == expected
+    on = LLM(model=model_dir, num_gpu_blocks_override=128)
+    outs = _one_by_one(on, _prompts())
+    assert [o.outputs[0].token_ids for o in outs] == expected
+    # 0 and BS - 1 shared tokens hit nothing; one block; three blocks; the 70-token base (4 full blocks, the
+    # prompt's 5th block filled by the 6th request's generated tokens); the whole prompt keeps one token back
+    assert [o.num_cached_tokens for o in outs] == [0, 0, 0, BS, 3 * BS, 4 * BS, 4 * BS]
+    metrics = {m.name: m for m in on.get_metrics()}
+    assert metrics["vllm:prefix_cache_hits"].value == sum(o.num_cached_tokens for o in outs)
+    assert metrics["vllm:prefix_cache_queries"].value == sum(len(p) for p in _prompts())
+    _assert_all_released(on)
+    assert on.reset_prefix_cache() and on.engine.scheduler.pool.num_cached == 0
+    assert _one_by_one(on, _prompts()[4:5])[0].num_cached_tokens == 0  # nothing cached after the reset
+
+
+def test_whole_batch_shares_prefixes_in_one_step(case: tuple[Path, list]) -> None:
+    """Requests admitted together hit blocks a request ahead of them in the same step computes."""
+    model_dir, expected = case
+    llm = LLM(model=model_dir, num_gpu_blocks_override=128)
+    outs = llm.generate(_prompts(), GREEDY, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == expected
+    assert sum(o.num_cached_tokens for o in outs) > 0
+    _assert_all_released(llm)
+
+
+def test_preemption_and_chunked_prefill_keep_hits(case: tuple[Path, list]) -> None:
+    model_dir, _ = case
+    long = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)  # decodes that must grow
+    expected = [hf_greedy(model_dir, p, long.max_tokens) for p in _prompts()]
+    llm = LLM(model=model_dir, num_gpu_blocks_override=9, max_num_batched_tokens=24)  # 8 blocks: the longest needs 8
+    _one_by_one(llm, _prompts()[4:5], long)  # warm the base prefix
+    outs = llm.generate(_prompts(), long, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == expected
+    assert llm.engine.scheduler.num_preemptions > 0
+    assert sum(o.num_cached_tokens for o in outs) > 0
+    _assert_all_released(llm)
+
+
+def test_n_seeds_logprobs_and_salt(tmp_path: Path) -> None:
+    model_dir = make_tiny_model(tmp_path, "Qwen3ForCausalLM")
+    prompt = _prompts()[4]
+    sampled = SamplingParams(temperature=0.9, seed=7, n=3, max_tokens=8, ignore_eos=True, logprobs=2)
+    off = LLM(model=model_dir, num_gpu_blocks_override=64, enable_prefix_caching=False)
+    on = LLM(model=model_dir, num_gpu_blocks_override=64)
+    ref = off.generate([prompt], sampled, use_tqdm=False)[0]
+    _one_by_one(on, [prompt])  # cache it
+    got = on.generate([prompt], sampled, use_tqdm=False)[0]
+    assert got.num_cached_tokens == 4 * BS
+    assert [c.token_ids for c in got.outputs] == [c.token_ids for c in ref.outputs]  # seeds are per position
+    for a, b in zip(got.outputs, ref.outputs):
+        assert [sorted(d) for d in a.logprobs] == [sorted(d) for d in b.logprobs]
+    plp = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, prompt_logprobs=1)
+    with_plp = on.generate([prompt], plp, use_tqdm=False)[0]
+    assert with_plp.num_cached_tokens == 0 and len(with_plp.prompt_logprobs) == len(prompt)  # computes it all
+    ref_plp = off.generate([prompt], plp, use_tqdm=False)[0].prompt_logprobs
+    assert [None if d is None else sorted(d) for d in with_plp.prompt_logprobs] == \
+        [None if d is None else sorted(d) for d in ref_plp]
+    salted = on.generate([{"prompt_token_ids": prompt, "cache_salt": "tenant-a"}], GREEDY, use_tqdm=False)[0]
+    assert salted.num_cached_tokens == 0  # another salt: another cache
+    again = on.generate([{"prompt_token_ids": prompt, "cache_salt": "tenant-a"}], GREEDY, use_tqdm=False)[0]
+    assert again.num_cached_tokens == 4 * BS and again.outputs[0].token_ids == salted.outputs[0].token_ids
+    with pytest.raises(ValueError, match="cache_salt"):
+        on.generate([{"prompt_token_ids": prompt, "cache_salt": 5}], GREEDY, use_tqdm=False)
+    _assert_all_released(on)
+
+
+@pytest.mark.gpu
+def test_prefix_cache_with_cuda_graphs(tmp_path: Path) -> None:
+    """On the GPU with FULL and PIECEWISE graphs: shared prefixes hit, and tokens equal caching off."""
+    from graphrunner.step_plan import StepMode
+
+    model_dir = make_tiny_model(tmp_path, "Qwen3ForCausalLM")
+    prompts = _prompts() * 3
+    kwargs = {"dtype": "float32", "max_model_len": 256, "device": "cuda"}
+    off = LLM(model=model_dir, enable_prefix_caching=False, **kwargs)
+    expected = [o.outputs[0].token_ids for o in off.generate(prompts, GREEDY, use_tqdm=False)]
+    on = LLM(model=model_dir, **kwargs)
+    first = on.generate(prompts, GREEDY, use_tqdm=False)
+    second = on.generate(prompts, GREEDY, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in first] == expected
+    assert [o.outputs[0].token_ids for o in second] == expected
+    assert all(o.num_cached_tokens >= BS for o in second if len(o.prompt_token_ids) > BS)
+    assert on.engine.runner.graphs.mode_counts[StepMode.FULL] > 0
+    _assert_all_released(on)

@@ -1,0 +1,69 @@
+"""Prefix-cache benchmark: TTFT of a long shared prefix + a short suffix, when the prefix is a cache hit
+and when it is a miss (the cache reset before each request), on our engine in one process.
+
+Default: a 4,096-token prefix and 64-token suffixes (BENCHMARKS.md's shape), ids uniform in [0, 10000),
+one output token per request, medians over --repeats. Example:
+python tools/bench_prefix_cache.py --model /tmp/q06 --json $OUT/bench_prefix_cache.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+from pathlib import Path
+from typing import Any
+
+from bench_common import DEFAULT_MODEL, PROMPT_VOCAB, build_ours, env_info, resolve_device, timed
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=DEFAULT_MODEL)
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--prefix-len", type=int, default=4096)
+    ap.add_argument("--suffix-len", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--gpu-memory-utilization", type=float, default=0.8)
+    ap.add_argument("--json", default="bench_prefix_cache.json")
+    args = ap.parse_args()
+    device = resolve_device(args.device)
+    from graphrunner import SamplingParams
+
+    rng = random.Random(0)
+    prefix = [rng.randrange(PROMPT_VOCAB) for _ in range(args.prefix_len)]
+    suffixes = [[rng.randrange(PROMPT_VOCAB) for _ in range(args.suffix_len)] for _ in range(3 * args.repeats + 4)]
+    llm = build_ours(args.model, device, max_model_len=args.prefix_len + args.suffix_len + 8, max_num_seqs=8,
+                     enforce_eager=False, gpu_memory_utilization=args.gpu_memory_utilization)
+    one = SamplingParams(temperature=0.0, max_tokens=1, detokenize=False)
+    cached: list[int] = []
+
+    def run(suffix: list[int]) -> None:
+        out = llm.generate([{"prompt_token_ids": prefix + suffix}], one, use_tqdm=False)[0]
+        cached.append(out.num_cached_tokens)
+
+    for s in suffixes[:4]:  # warm-up: compile variants, both paths
+        llm.reset_prefix_cache()
+        run(s)
+        run(s[::-1])
+    miss, hit = [], []
+    for i in range(args.repeats):
+        llm.reset_prefix_cache()
+        cold, warm = suffixes[4 + i], suffixes[4 + args.repeats + i]
+        miss.append(timed(lambda s=cold: run(s), device) * 1e3)
+        assert cached[-1] == 0
+        hit.append(timed(lambda s=warm: run(s), device) * 1e3)
+        assert cached[-1] >= args.prefix_len // 16 * 16 - 16
+    result: dict[str, Any] = {
+        "ttft_miss_ms": statistics.median(miss), "ttft_hit_ms": statistics.median(hit),
+        "speedup": statistics.median(miss) / statistics.median(hit), "hit_cached_tokens": cached[-1],
+        "miss_ms": miss, "hit_ms": hit, "args": vars(args), "env": env_info()}
+    print(f"TTFT, {args.prefix_len}-token shared prefix + {args.suffix_len}-token suffix: miss "
+          f"{result['ttft_miss_ms']:.2f} ms, hit {result['ttft_hit_ms']:.2f} ms ({result['speedup']:.1f}x; "
+          f"{cached[-1]} tokens from cache)")
+    Path(args.json).write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
