@@ -145,7 +145,9 @@ class Engine:
                 raise RuntimeError("scheduler made no progress: no step to launch and none in flight")
             previous, self._pending = self._pending, launched
             self._note_launch(launched)
-            return self._process(previous) if previous is not None else []
+            outputs = self._process(previous) if previous is not None else []
+            self._note_gauges()  # after the finished requests left: the last step reports 0 running, as vLLM's does
+            return outputs
         except BaseException as exc:
             outputs = self._fail_in_flight(launched)
             if not isinstance(exc, Exception):
@@ -164,6 +166,8 @@ class Engine:
                         self.stats.prefix_cache(s.request.num_host_tokens, s.num_cached)
             if sched.preempted:
                 self.stats.preempted(len(sched.preempted))
+
+    def _note_gauges(self) -> None:
         pool = self.scheduler.pool
         self.stats.set_running(len(self.scheduler.running))
         self.stats.set_waiting(len(self.scheduler.waiting))

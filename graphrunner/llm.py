@@ -18,7 +18,7 @@ from graphrunner.engine_args import EngineArgs
 from graphrunner.llm_engine import LLMEngine
 from graphrunner.metrics import Metric
 from graphrunner.outputs import RequestOutput
-from graphrunner.profiler import Profiler
+from graphrunner.profiler import Profiler, ProfilerConfig
 from graphrunner.progress import GenerateProgress
 from graphrunner.sampling_params import SamplingParams
 
@@ -65,15 +65,13 @@ class LLM:
     def __init__(self, model: str | None = None, **kwargs: Any) -> None:
         self.engine_args = _engine_args(model, kwargs)
         self.config = self.engine_args.create_engine_config()
+        profiler = ProfilerConfig.coerce(self.engine_args.profiler_config)  # refused before the model loads
         _seed_everything(self.config.seed)
         self.engine = Engine(self.config)
         self.llm_engine = LLMEngine(self.engine)
         self._lock = threading.RLock()
         self._mailboxes: dict[str, deque[RequestOutput]] = {}  # per submitted request, until its final output
-        profiler = self.engine_args.profiler_config or {}
-        if profiler.get("profiler", "torch") != "torch":
-            raise ValueError(f"profiler_config: only the 'torch' profiler exists, got {profiler.get('profiler')!r}")
-        self._profiler = Profiler(profiler.get("torch_profiler_dir"))
+        self._profiler = Profiler(profiler.torch_profiler_dir or None)
 
     def get_tokenizer(self) -> Any:
         return self.engine.tokenizer

@@ -7,10 +7,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -29,6 +32,40 @@ def resolve_profiler_dir(directory: str | os.PathLike[str] | None = None) -> Pat
             return Path(value).expanduser()
     raise ValueError("profiler output directory is not set: pass a directory or set the environment variable "
                      f"{PROFILER_DIR_ENV_VARS[0]} (vLLM's) or {PROFILER_DIR_ENV_VARS[1]} to a writable path")
+
+
+@dataclass
+class ProfilerConfig:
+    """vLLM's `ProfilerConfig` (the fields graphrunner acts on): `LLM(profiler_config=ProfilerConfig(...))`, or the
+    same keys as a dict. Only the torch profiler exists; the trace covers start_profile() .. stop_profile(), so
+    delay_iterations / max_iterations other than 0 are refused."""
+
+    profiler: str | None = None  # "torch" (None: torch too, vLLM <= 0.11 style, with the directory from the env)
+    torch_profiler_dir: str = ""
+    delay_iterations: int = 0
+    max_iterations: int = 0
+
+    @classmethod
+    def coerce(cls, value: Any) -> ProfilerConfig:
+        """A ProfilerConfig from None, a dict of its fields or a ProfilerConfig; ValueError naming what is wrong."""
+        if value is None:
+            return cls()
+        if isinstance(value, cls):
+            cfg = dataclasses.replace(value)
+        elif isinstance(value, dict):
+            unknown = sorted(set(value) - {f.name for f in dataclasses.fields(cls)})
+            if unknown:
+                raise ValueError(f"profiler_config: unsupported key(s) {unknown}; known: profiler, torch_profiler_dir,"
+                                 f" delay_iterations, max_iterations")
+            cfg = cls(**value)
+        else:
+            raise ValueError(f"profiler_config must be a dict or a ProfilerConfig, got {type(value).__name__}")
+        if cfg.profiler not in (None, "torch"):
+            raise ValueError(f"profiler_config: only the 'torch' profiler exists, got {cfg.profiler!r}")
+        if cfg.delay_iterations or cfg.max_iterations:
+            raise ValueError("profiler_config: delay_iterations / max_iterations are not supported (the trace covers "
+                             "start_profile() to stop_profile())")
+        return cfg
 
 
 class Profiler:

@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("graphrunner", "model_states", "capture")
 # Front: the package __init__, these modules, and everything under these packages (present or future).
 FRONT_MODULES = {"graphrunner", "graphrunner.__main__"} | {
-    f"graphrunner.{m}" for m in ("llm", "engine", "worker", "cli", "engine_args", "precompile")
+    f"graphrunner.{m}" for m in ("llm", "llm_engine", "engine", "worker", "cli", "engine_args", "precompile",
+                                 "vllm_compat")
 }
 FRONT_PACKAGES = ("graphrunner.server", "graphrunner.entrypoints")
 RUNNER_MODULES = {"graphrunner.runner"}
