@@ -20,7 +20,7 @@ from graphrunner.metrics import Metric
 from graphrunner.outputs import RequestOutput
 from graphrunner.profiler import Profiler, ProfilerConfig
 from graphrunner.progress import GenerateProgress
-from graphrunner.sampling_params import SamplingParams
+from graphrunner.sampling_params import RequestOutputKind, SamplingParams
 
 Prompt = str | list[int] | dict[str, Any]
 
@@ -189,6 +189,9 @@ class LLM:
     def stream(self, prompts: Any, sampling_params: Any = None) -> Iterator[RequestOutput]:
         """Yield a RequestOutput (cumulative) each time one of these requests gains tokens. Closing or
         abandoning the iterator aborts the requests it still runs."""
+        plist = sampling_params if isinstance(sampling_params, Sequence) else [sampling_params]
+        if any(isinstance(p, SamplingParams) and p.output_kind is RequestOutputKind.DELTA for p in plist):
+            raise ValueError("stream() yields cumulative outputs: output_kind=DELTA is not supported")
         ids = self._submit(prompts, sampling_params)
         pending = set(ids)
         try:
