@@ -122,7 +122,9 @@ class Engine:
             return None
         for child in parent.children:
             self.scheduler.finish(child, "abort")
-        return self._finished([parent])[0]
+        out = self._finished([parent])[0]
+        self._note_gauges()
+        return out
 
     def has_request(self, request_id: str) -> bool:
         return request_id in self._parents
@@ -136,8 +138,10 @@ class Engine:
 
         If anything in it raises, the requests of the steps in flight end with finish_reason "error" and
         StepFailed (carrying their final outputs) is raised from the original error; KeyboardInterrupt and
-        other non-Exceptions are re-raised as they are, after the same clean-up."""
+        other non-Exceptions are re-raised as they are, after the same clean-up, with those final outputs
+        attached as `.outputs` (so that a front end can still hand them to whoever waits on them)."""
         launched: tuple[SchedulerOutput, AsyncStepOutput] | None = None
+        previous: tuple[SchedulerOutput, AsyncStepOutput] | None = None
         try:
             sched = self.scheduler.schedule()
             launched = (sched, self.runner.execute(sched)) if sched else None
@@ -149,8 +153,10 @@ class Engine:
             self._note_gauges()  # after the finished requests left: the last step reports 0 running, as vLLM's does
             return outputs
         except BaseException as exc:
-            outputs = self._fail_in_flight(launched)
+            outputs = self._fail_in_flight(previous, launched)
+            self._note_gauges()
             if not isinstance(exc, Exception):
+                exc.outputs = outputs  # type: ignore[attr-defined]
                 raise
             raise StepFailed(f"a step failed ({type(exc).__name__}: {exc}); its {len(outputs)} request(s) ended "
                              f"with finish_reason='error', the engine goes on", outputs) from exc
@@ -166,8 +172,11 @@ class Engine:
                         self.stats.prefix_cache(s.request.num_host_tokens, s.num_cached)
             if sched.preempted:
                 self.stats.preempted(len(sched.preempted))
+        self._note_gauges()
 
     def _note_gauges(self) -> None:
+        """Running / waiting / KV-usage gauges, after a launch and again once a step (or an abort) has ended
+        requests, so that an idle engine reads 0."""
         pool = self.scheduler.pool
         self.stats.set_running(len(self.scheduler.running))
         self.stats.set_waiting(len(self.scheduler.waiting))
@@ -208,9 +217,13 @@ class Engine:
             outputs.append(parent.output())
         return self._with_metrics(outputs)
 
-    def _fail_in_flight(self, launched: tuple[SchedulerOutput, AsyncStepOutput] | None) -> list[RequestOutput]:
-        """After a failed step: end every request a step in flight (or half-scheduled) carried with "error"."""
-        steps = [s for s in (self._pending, launched) if s is not None]
+    def _fail_in_flight(self, *in_flight: tuple[SchedulerOutput, AsyncStepOutput] | None) -> list[RequestOutput]:
+        """After a failed step: end every request a step in flight (or half-scheduled) carried with "error".
+
+        `in_flight`: the step whose results were being processed and the one just launched (either may be None);
+        the pending step is included too. A request the failed processing had already finished (its last token
+        arrived) keeps its reason but is reported and forgotten like the others."""
+        steps = [s for s in (self._pending, *in_flight) if s is not None]
         self._pending = None
         self.runner.state.discard_staged()
         victims = {id(r): r for r in self.scheduler.running}  # a half-built schedule only touched running ones

@@ -28,11 +28,15 @@ Prompt = str | list[int] | dict[str, Any]
 def _as_prompt_list(prompts: Any) -> list[Any]:
     if isinstance(prompts, (str, dict)):
         return [prompts]
-    if prompts is None or not isinstance(prompts, Sequence):
+    if prompts is None or not isinstance(prompts, Sequence) or isinstance(prompts, (bytes, bytearray)):
         raise ValueError(f"prompts must be a prompt or a list of prompts, got {type(prompts).__name__}")
     prompts = list(prompts)
-    if prompts and all(isinstance(p, int) and not isinstance(p, bool) for p in prompts):
+    is_id = [isinstance(p, int) and not isinstance(p, bool) for p in prompts]
+    if prompts and all(is_id):
         return [prompts]  # one prompt given as token ids
+    if any(is_id):  # a bare int is no prompt: this was meant as token ids
+        raise ValueError(f"token ids must all be integers, got {sorted({type(p).__name__ for p in prompts})} in "
+                         f"one list")
     return prompts
 
 
@@ -71,6 +75,8 @@ class LLM:
         self.llm_engine = LLMEngine(self.engine)
         self._lock = threading.RLock()
         self._mailboxes: dict[str, deque[RequestOutput]] = {}  # per submitted request, until its final output
+        self._stepping = False  # inside engine.step() (with the lock held)
+        self._deferred_aborts: list[str] = []  # aborts asked for from inside a step, done right after it
         self._profiler = Profiler(profiler.torch_profiler_dir or None)
 
     def get_tokenizer(self) -> Any:
@@ -123,6 +129,9 @@ class LLM:
 
     def _abort_all(self, ids: Sequence[str]) -> None:
         with self._lock:
+            if self._stepping:  # re-entered from inside a step (a stream finalised by the cyclic GC on this
+                self._deferred_aborts.extend(ids)  # thread): the scheduler's lists are mid-change, abort after it
+                return
             for rid in ids:
                 self.engine.abort_request(rid)
                 self._mailboxes.pop(rid, None)
@@ -138,13 +147,27 @@ class LLM:
                 missing = sorted(rid for rid in ids if rid in self._mailboxes)
                 raise RuntimeError(f"requests {missing} are not running and never finished")
             try:
-                self._route(self.engine.step())
+                self._route(self._step())
             except StepFailed as exc:
                 self._route(exc.outputs)
                 if any(o.request_id in ids for o in exc.outputs):
                     self._drain(ids)
                     raise
+            except BaseException as exc:  # KeyboardInterrupt: the requests it ended still reach their callers
+                outputs = getattr(exc, "outputs", None)
+                self._route(outputs if isinstance(outputs, list) else [])
+                raise
             return self._drain(ids)
+
+    def _step(self) -> list[RequestOutput]:
+        """engine.step(); aborts re-entered meanwhile (see `_abort_all`) are done once it has returned."""
+        self._stepping = True
+        try:
+            return self.engine.step()
+        finally:
+            self._stepping = False
+            deferred, self._deferred_aborts = self._deferred_aborts, []
+            self._abort_all(deferred)
 
     def _route(self, outputs: list[RequestOutput]) -> None:
         for out in outputs:

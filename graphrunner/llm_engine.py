@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from graphrunner.engine import Engine
+from graphrunner.engine import Engine, StepFailed
 from graphrunner.engine_args import EngineArgs
 from graphrunner.generation_config import generation_defaults
 from graphrunner.metrics import Metric
@@ -50,11 +50,18 @@ class LLMEngine:
         rid = self.engine.add_request(prompt, params, request_id)
         if params.output_kind is RequestOutputKind.FINAL_ONLY:
             self._final_only.add(rid)
+        else:  # a mark left by an earlier request of this id that ended elsewhere (LLM.abort, an LLM step)
+            self._final_only.discard(rid)
         return rid
 
     def step(self) -> list[RequestOutput]:
-        """One engine step; the outputs of requests that changed (final ones only for FINAL_ONLY requests)."""
-        return self._report(self.engine.step())
+        """One engine step; the outputs of requests that changed (final ones only for FINAL_ONLY requests).
+        A failed step raises StepFailed, whose outputs (all final) end those requests here too."""
+        try:
+            return self._report(self.engine.step())
+        except StepFailed as exc:
+            self._report(exc.outputs)  # forget their FINAL_ONLY marks: the ids may be used again
+            raise
 
     def _report(self, outputs: list[RequestOutput]) -> list[RequestOutput]:
         if not self._final_only:
