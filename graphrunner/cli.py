@@ -1,4 +1,5 @@
-"""The `graphrunner` command line: `graphrunner generate [--model DIR] [--stream] PROMPT...`.
+"""The `graphrunner` command line: `graphrunner generate [--model DIR] [--stream] PROMPT...`, `graphrunner serve`
+(an OpenAI-compatible server) and `graphrunner precompile`.
 
 With no --model it runs the demo model shipped inside the package, so the first command works
 offline. Every `SamplingParams` field is a `generate` flag, generated from the dataclass fields so
@@ -170,6 +171,22 @@ def build_sampling_params(args: argparse.Namespace) -> SamplingParams:
     return SamplingParams(**kwargs)
 
 
+def _add_serve_parser(sub: Any, fmt: type[argparse.HelpFormatter]) -> None:
+    srv = sub.add_parser("serve", help="run an OpenAI-compatible HTTP server", formatter_class=fmt,
+                         description="Serve /v1/completions, /v1/chat/completions, /v1/models, /health, /tokenize, "
+                                     "/detokenize, /version and /metrics over HTTP.")
+    _add_engine_args(srv)
+    srv.add_argument("--host", default="127.0.0.1", help="address to bind")
+    srv.add_argument("--port", type=int, default=8000, help="port to bind")
+    srv.add_argument("--api-key", default=None,
+                     help="require `Authorization: Bearer KEY` on /v1 routes (default: $GRAPHRUNNER_API_KEY)")
+    srv.add_argument("--served-model-name", default=None, help="the model name clients use; none: the model path")
+    srv.add_argument("--max-waiting-requests", type=int, default=None,
+                     help="answer 429 when more sequences than this wait for a slot; none: unbounded")
+    srv.add_argument("--compile-cache", default=None, help="a `graphrunner precompile` output directory")
+    srv.add_argument("--log-level", default="info", help="uvicorn log level")
+
+
 def build_parser() -> argparse.ArgumentParser:
     fmt = argparse.ArgumentDefaultsHelpFormatter
     parser = _Parser(prog="graphrunner", description="Low-latency LLM runner for HF-format models.")
@@ -183,6 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--compile-cache", default=None, help="a `graphrunner precompile` output directory")
     gen.add_argument("--stream", action="store_true", help="print the text as it is generated")
     _add_sampling_args(gen)
+    _add_serve_parser(sub, fmt)
     pre = sub.add_parser("precompile", help="compile the model offline into a cache directory", formatter_class=fmt)
     _add_engine_args(pre)
     pre.add_argument("--out", required=True, help="directory for the compiled artifacts and manifest")
@@ -315,6 +333,37 @@ def _precompile(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve(args: argparse.Namespace) -> int:
+    import os
+    import signal
+
+    import uvicorn
+
+    from graphrunner.async_llm import AsyncLLM
+    from graphrunner.engine_args import EngineArgs
+    from graphrunner.server import build_app
+
+    if args.max_waiting_requests is not None and args.max_waiting_requests < 0:
+        raise ValueError(f"--max-waiting-requests must be >= 0, got {args.max_waiting_requests}")
+    engine_args = EngineArgs(model=args.model, dtype=args.dtype, device=args.device, seed=args.seed,
+                             max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
+                             max_num_batched_tokens=args.max_num_batched_tokens,
+                             num_gpu_blocks_override=args.num_gpu_blocks_override,
+                             gpu_memory_utilization=args.gpu_memory_utilization, compile_cache=args.compile_cache,
+                             enforce_eager=args.enforce_eager, cudagraph_mode=args.cudagraph_mode)
+    llm = AsyncLLM.from_engine_args(engine_args, args.max_waiting_requests)
+    app = build_app(llm, args.served_model_name or args.model, args.api_key or os.environ.get("GRAPHRUNNER_API_KEY"))
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                            timeout_graceful_shutdown=10)
+    # uvicorn re-raises the SIGTERM it handled once it has shut down; a no-op handler makes that a clean exit 0
+    signal.signal(signal.SIGTERM, lambda *_: None)
+    try:
+        uvicorn.Server(config).run()
+    finally:
+        llm.shutdown(abort=True)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -323,6 +372,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _generate(args)
         if args.command == "precompile":
             return _precompile(args)
+        if args.command == "serve":
+            return _serve(args)
     except ValueError as exc:
         print(f"graphrunner: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2

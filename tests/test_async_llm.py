@@ -1,0 +1,148 @@
+"""AsyncLLM's loop thread against a fake engine (no model): outputs reach their streams, bad input raises before
+the first output, closing a stream aborts, QueueFull past the bound, StepFailed ends only its requests, any other
+loop error ends every stream, and shutdown stops the thread."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from graphrunner.async_llm import AsyncLLM, EngineDead, QueueFull
+from graphrunner.engine import StepFailed
+from graphrunner.outputs import CompletionOutput, RequestOutput
+from graphrunner.sampling_params import SamplingParams
+
+
+class FakeEngine:
+    """Each step adds one token to every request; a request finishes after params.max_tokens tokens."""
+
+    def __init__(self) -> None:
+        self.requests: dict[str, list[Any]] = {}  # id -> [params, tokens]
+        self.scheduler = SimpleNamespace(waiting=[], running=[])
+        self.stats = SimpleNamespace(to_prometheus_text=lambda: "x 1\n", labels={})
+        self.tokenizer, self.config = None, SimpleNamespace()
+        self.fail_next: BaseException | None = None
+        self.steps = 0
+        self.aborted: list[str] = []
+
+    def add_request(self, prompt: Any, params: SamplingParams, request_id: str) -> str:
+        if prompt == "bad":
+            raise ValueError("bad prompt")
+        self.requests[request_id] = [params, []]
+        self.scheduler.waiting.append(request_id)
+        return request_id
+
+    def has_unfinished(self) -> bool:
+        return bool(self.requests)
+
+    def _out(self, rid: str, reason: str | None) -> RequestOutput:
+        tokens = self.requests[rid][1]
+        comp = CompletionOutput(0, "t" * len(tokens), list(tokens), finish_reason=reason)
+        return RequestOutput(rid, "p", [1], [comp], finished=reason is not None)
+
+    def step(self) -> list[RequestOutput]:
+        self.steps += 1
+        self.scheduler.waiting.clear()
+        if self.fail_next is not None:
+            exc, self.fail_next = self.fail_next, None
+            if isinstance(exc, StepFailed):
+                exc.outputs = [self._out(rid, "error") for rid in self.requests]
+                self.requests.clear()
+            raise exc
+        outs = []
+        for rid, (params, tokens) in list(self.requests.items()):
+            tokens.append(7)
+            done = len(tokens) >= params.max_tokens
+            outs.append(self._out(rid, "length" if done else None))
+            if done:
+                del self.requests[rid]
+        return outs
+
+    def abort_request(self, rid: str) -> RequestOutput | None:
+        if rid not in self.requests:
+            return None
+        self.aborted.append(rid)
+        out = self._out(rid, "abort")
+        del self.requests[rid]
+        return out
+
+
+async def _all(llm: AsyncLLM, prompt: str = "p", n: int = 3, rid: str | None = None) -> list[RequestOutput]:
+    return [o async for o in llm.generate(prompt, SamplingParams(max_tokens=n), rid)]
+
+
+def test_outputs_and_idle() -> None:
+    engine = FakeEngine()
+    llm = AsyncLLM(engine)
+    try:
+        outs = asyncio.run(_all(llm))
+        assert [len(o.outputs[0].token_ids) for o in outs] == [1, 2, 3] and outs[-1].finished
+        steps = engine.steps
+        threading.Event().wait(0.3)
+        assert engine.steps == steps  # idle: no busy stepping
+    finally:
+        llm.shutdown()
+    assert not llm._thread.is_alive()
+
+
+def test_bad_input_queue_full_and_abort_on_close() -> None:
+    engine = FakeEngine()
+    llm = AsyncLLM(engine, max_waiting_requests=1)
+    try:
+        with pytest.raises(ValueError, match="bad prompt"):
+            asyncio.run(_all(llm, "bad"))
+        with pytest.raises(QueueFull):  # n=2 sequences would wait: more than the bound
+            asyncio.run(anext(llm.generate("p", SamplingParams(n=2))))
+
+        async def first_then_close() -> None:
+            gen = llm.generate("p", SamplingParams(max_tokens=1000), "r1")
+            await gen.__anext__()
+            await gen.aclose()
+            for _ in range(100):
+                if "r1" in engine.aborted:
+                    return
+                await asyncio.sleep(0.02)
+
+        asyncio.run(first_then_close())
+        assert engine.aborted == ["r1"]
+    finally:
+        llm.shutdown()
+
+
+def test_step_failed_goes_on_and_crash_ends_streams() -> None:
+    engine = FakeEngine()
+    llm = AsyncLLM(engine)
+    try:
+        engine.fail_next = StepFailed("boom", [])
+        outs = asyncio.run(_all(llm, n=5))
+        assert outs[-1].outputs[0].finish_reason == "error"
+        assert asyncio.run(_all(llm))[-1].outputs[0].finish_reason == "length"  # the loop went on
+        engine.fail_next = RuntimeError("kaput")
+        with pytest.raises(RuntimeError, match="kaput"):
+            asyncio.run(_all(llm, n=5))
+        with pytest.raises(EngineDead):
+            asyncio.run(_all(llm))
+        assert not llm.is_running
+    finally:
+        llm.shutdown()
+
+
+def test_shutdown_aborts_in_flight() -> None:
+    engine = FakeEngine()
+    llm = AsyncLLM(engine)
+
+    async def run() -> RequestOutput:
+        last = None
+        async for out in llm.generate("p", SamplingParams(max_tokens=10**6), "r"):
+            if last is None:
+                threading.Thread(target=llm.shutdown).start()
+            last = out
+        return last
+
+    assert asyncio.run(asyncio.wait_for(run(), 30)).outputs[0].finish_reason == "abort"
+    llm._thread.join(10)
+    assert not llm._thread.is_alive()
