@@ -80,6 +80,27 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--enforce-eager", action="store_true", help="no torch.compile, no CUDA graphs")
     p.add_argument("--cudagraph-mode", default="full_and_piecewise", choices=("full_and_piecewise", "piecewise", "none"),
                    help="CUDA graphs to capture (CUDA only)")
+    p.add_argument("--block-size", type=int, default=16, help="tokens per KV-cache block")
+    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+                   help="reuse the KV blocks of prompt prefixes computed before")
+    p.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True,
+                   help="split long prompts across steps (off: a prompt is admitted only whole)")
+    p.add_argument("--max-logprobs", type=int, default=20, help="the most logprobs a request may ask for")
+    p.add_argument("--generation-config", default="auto",
+                   help="sampling defaults: auto (the model's generation_config.json) | vllm (none) | a directory")
+
+
+_ENGINE_FLAGS = ("model", "dtype", "device", "seed", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
+                 "num_gpu_blocks_override", "gpu_memory_utilization", "enforce_eager", "cudagraph_mode", "block_size",
+                 "enable_prefix_caching", "enable_chunked_prefill", "max_logprobs", "generation_config")
+
+
+def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """The engine arguments (EngineArgs fields) of a parsed generate / precompile / serve command line."""
+    kwargs = {name: getattr(args, name) for name in _ENGINE_FLAGS}
+    if getattr(args, "compile_cache", None) is not None:
+        kwargs["compile_cache"] = args.compile_cache
+    return kwargs
 
 
 def _logit_bias_item(text: str) -> tuple[int, float]:
@@ -301,11 +322,7 @@ def _generate(args: argparse.Namespace) -> int:
     params = build_sampling_params(args)  # before the engine (and torch) loads: a bad value fails fast
     from graphrunner.llm import LLM
 
-    llm = LLM(model=args.model, dtype=args.dtype, device=args.device, seed=args.seed, max_model_len=args.max_model_len,
-              max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-              num_gpu_blocks_override=args.num_gpu_blocks_override,
-              gpu_memory_utilization=args.gpu_memory_utilization, compile_cache=args.compile_cache,
-              enforce_eager=args.enforce_eager, cudagraph_mode=args.cudagraph_mode)
+    llm = LLM(**engine_kwargs(args))
     if args.stream:
         _stream(llm, args.prompts, params)
         return 0
@@ -322,12 +339,7 @@ def _precompile(args: argparse.Namespace) -> int:
 
     if args.enforce_eager:
         raise ValueError("precompile compiles the model: --enforce-eager makes no sense here")
-    config = build_engine_config(model=args.model, dtype=args.dtype, device=args.device, seed=args.seed,
-                                 max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
-                                 max_num_batched_tokens=args.max_num_batched_tokens,
-                                 num_gpu_blocks_override=args.num_gpu_blocks_override,
-                                 gpu_memory_utilization=args.gpu_memory_utilization,
-                                 cudagraph_mode=args.cudagraph_mode)
+    config = build_engine_config(**{k: v for k, v in engine_kwargs(args).items() if k != "compile_cache"})
     seconds = precompile(config, Path(args.out))
     print(f"precompiled {config.model_dir} for {config.device} ({config.dtype}) into {args.out} in {seconds:.1f} s")
     return 0
@@ -345,12 +357,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     if args.max_waiting_requests is not None and args.max_waiting_requests < 0:
         raise ValueError(f"--max-waiting-requests must be >= 0, got {args.max_waiting_requests}")
-    engine_args = EngineArgs(model=args.model, dtype=args.dtype, device=args.device, seed=args.seed,
-                             max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
-                             max_num_batched_tokens=args.max_num_batched_tokens,
-                             num_gpu_blocks_override=args.num_gpu_blocks_override,
-                             gpu_memory_utilization=args.gpu_memory_utilization, compile_cache=args.compile_cache,
-                             enforce_eager=args.enforce_eager, cudagraph_mode=args.cudagraph_mode)
+    engine_args = EngineArgs(**engine_kwargs(args))
     llm = AsyncLLM.from_engine_args(engine_args, args.max_waiting_requests)
     app = build_app(llm, args.served_model_name or args.model, args.api_key or os.environ.get("GRAPHRUNNER_API_KEY"))
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,

@@ -136,3 +136,17 @@ def test_stream_prints_what_generate_prints_with_logprobs(capsys: pytest.Capture
     token_lines = [x for x in lines if re.fullmatch(r"    \S.* -?\d+\.\d{4}( \(rank \d+\))?  top: .*", x)]
     assert len(token_lines) == 4 * 12  # one per generated token: the token, its logprob, the top 2
     assert all(len(re.findall(r" -?\d+\.\d{4}(?:, |$)", x.split("  top: ")[1])) == 2 for x in token_lines)
+
+
+def test_engine_flags_reach_the_engine_arguments() -> None:
+    from graphrunner.engine_args import EngineArgs
+
+    args = cli.build_parser().parse_args(["generate", "--no-enable-prefix-caching", "--no-enable-chunked-prefill",
+                                          "--max-logprobs", "3", "--generation-config", "vllm", "--block-size", "32",
+                                          "--max-model-len", "256", "x"])
+    engine = EngineArgs(**cli.engine_kwargs(args))
+    assert (engine.enable_prefix_caching, engine.enable_chunked_prefill, engine.max_logprobs) == (False, False, 3)
+    assert (engine.generation_config, engine.block_size, engine.max_model_len) == ("vllm", 32, 256)
+    config = engine.create_engine_config()
+    assert not config.enable_prefix_caching and not config.scheduler.enable_chunked_prefill
+    assert cli.engine_kwargs(cli.build_parser().parse_args(["generate", "x"]))["enable_prefix_caching"] is True
