@@ -158,8 +158,10 @@ class Engine:
             if not isinstance(exc, Exception):
                 exc.outputs = outputs  # type: ignore[attr-defined]
                 raise
-            raise StepFailed(f"a step failed ({type(exc).__name__}: {exc}); its {len(outputs)} request(s) ended "
-                             f"with finish_reason='error', the engine goes on", outputs) from exc
+            failed = sum(any(c.finish_reason == "error" for c in o.outputs) for o in outputs)
+            raise StepFailed(f"a step failed ({type(exc).__name__}: {exc}); {failed} request(s) in flight ended with "
+                             f"finish_reason='error' ({len(outputs)} final outputs in .outputs); the engine goes on",
+                             outputs) from exc
 
     def _note_launch(self, launched: tuple[SchedulerOutput, AsyncStepOutput] | None) -> None:
         now = time.monotonic()
