@@ -6,8 +6,8 @@ the new tokens added to it. Guarantees, for every tokenizer:
 * the text never contains an incomplete character (U+FFFD) that later tokens could still complete, and never
   a character that later tokens could still change: with byte-fallback tokenizers (SentencePiece `<0xNN>`
   tokens, whose decoder turns a whole run of byte tokens into U+FFFDs when the run is not valid UTF-8) the
-  text of a trailing run of byte tokens is held back until a normal token closes the run (runs longer than
-  MAX_OPEN_RUN tokens are emitted per complete character instead);
+  text of a trailing run of byte tokens is held back until a normal token closes the run, however long (a later
+  invalid byte turns the whole run into U+FFFDs, so no earlier part of it is final before then);
 * after `finish()`, `output_text == tokenizer.decode(generated_ids, skip_special_tokens=...)` (with the prompt's
   last tokens as left context, so that SentencePiece-style decoders keep the first generated token's leading
   space), truncated at the first stop string;
@@ -33,9 +33,8 @@ INITIAL_CONTEXT_TOKENS = 5
 MAX_PENDING_TOKENS = 3
 # Once this many already-emitted tokens lead the decode window, the window start moves up to the last one.
 REBASE_AFTER = 4
-# A trailing run of byte-fallback tokens longer than this is emitted up to its last complete character (a later
-# invalid byte in the same run could still turn that text into U+FFFDs; real text never does that).
-MAX_OPEN_RUN = 16
+# The window start steps back over at most this many tokens that decode to nothing (skipped special tokens).
+MAX_HIDDEN_BACKOFF = 16
 REPLACEMENT_CHAR = "\ufffd"
 
 Decode = Callable[[list[int]], str]
@@ -175,14 +174,12 @@ class IncrementalDetokenizer:
         ids, byte_ids, hidden = self._ids, self._byte_ids, self._hidden_ids
         if ids[end - 1] not in byte_ids and ids[end - 1] not in hidden:
             return end
-        floor = max(self._read_offset, end - MAX_OPEN_RUN)
+        floor = self._read_offset
         k, saw_byte = end, False
         while k > floor and (ids[k - 1] in byte_ids or ids[k - 1] in hidden):
             saw_byte = saw_byte or ids[k - 1] in byte_ids
             k -= 1
-        if not saw_byte or (k == floor and floor > self._read_offset):
-            return end  # no byte token, or a run too long to hold back
-        return k
+        return k if saw_byte else end
 
     def _advance(self, flush: bool = False) -> str:
         """Decodes the pending window; returns newly final text and moves the offsets past it.
@@ -235,14 +232,14 @@ class IncrementalDetokenizer:
     def _rebase(self) -> None:
         """Moves the window start up to the last emitted token that has text of its own.
 
-        It steps back over tokens that decode to nothing (skipped special tokens, at most MAX_OPEN_RUN of them)
+        It steps back over tokens that decode to nothing (skipped special tokens, at most MAX_HIDDEN_BACKOFF of them)
         and over byte-fallback tokens: a window never starts inside a run of byte tokens, which decodes as a whole.
         """
         ids, r = self._ids, self._read_offset
         w, hidden_seen = r - 1, 0
         while w > self._window_start:
             t = ids[w]
-            if t in self._hidden_ids and hidden_seen < MAX_OPEN_RUN:
+            if t in self._hidden_ids and hidden_seen < MAX_HIDDEN_BACKOFF:
                 hidden_seen += 1
             elif t not in self._byte_ids:
                 break

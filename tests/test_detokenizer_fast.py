@@ -264,3 +264,21 @@ def test_stop_string_that_only_completes_with_a_multibyte_character(tok: Any) ->
     det = IncrementalDetokenizer(tok, [], stop=["a🦄"])
     matched, deltas = _stream(det, ids)
     assert matched == "a🦄" and det.output_text == "xa🐉 x" == "".join(deltas)
+
+
+@pytest.mark.parametrize("name", ["byte_fallback_metaspace", "byte_fallback_strip"])
+def test_long_byte_runs_stay_exact(name: str) -> None:
+    """A run of 30+ byte tokens (rare CJK characters with no merges) is held back until it closes: cut mid-
+    character at any point, the text so far is still a prefix of decode(), whose incomplete run is all U+FFFD."""
+    tok = _get(name)
+    rare = "鑫龘靐齉爩"  # not in the training corpus: every character falls back to 3 byte tokens
+    ids = tok.encode(f"{rare}{rare} ok", add_special_tokens=False)
+    byte_ids = set(_byte_ids(tok))
+    run = 0
+    for t in ids:
+        run = run + 1 if t in byte_ids else 0
+        if run > 16:
+            break
+    assert run > 16, "the test needs a long run of byte tokens"
+    for cut in (len(ids), len(ids) - 3, 20, 17, 31):  # whole text, just before " ok", and mid-character cuts
+        check_every_prefix(tok, [], ids[:cut], skip=True)
