@@ -174,11 +174,9 @@ class Engine:
                         self.stats.prefix_cache(s.request.num_host_tokens, s.num_cached)
             if sched.preempted:
                 self.stats.preempted(len(sched.preempted))
-        self._note_gauges()
 
     def _note_gauges(self) -> None:
-        """Running / waiting / KV-usage gauges, after a launch and again once a step (or an abort) has ended
-        requests, so that an idle engine reads 0."""
+        """Running / waiting / KV-usage gauges, set once a step (or an abort) is done, so an idle engine reads 0."""
         pool = self.scheduler.pool
         self.stats.set_running(len(self.scheduler.running))
         self.stats.set_waiting(len(self.scheduler.waiting))

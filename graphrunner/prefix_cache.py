@@ -20,8 +20,10 @@ def hash_block(parent: BlockHash | None, token_ids: list[int], salt: str | None 
 
 
 def extend_block_hashes(hashes: list[BlockHash], token_ids: list[int], num_tokens: int, block_size: int,
-                        salt: str | None = None) -> None:
-    """Append to `hashes` the keys of the full blocks within token_ids[:num_tokens] that it lacks."""
+                        salt: str | None = None, start: int = 0) -> None:
+    """Append to `hashes` the keys of the full blocks within the first `num_tokens` tokens that it lacks;
+    token_ids[j] is token `start + j` (a caller may pass only the tail the missing blocks need)."""
     for i in range(len(hashes), num_tokens // block_size):
         parent = hashes[i - 1] if i else None
-        hashes.append(hash_block(parent, token_ids[i * block_size:(i + 1) * block_size], salt))
+        lo = i * block_size - start
+        hashes.append(hash_block(parent, token_ids[lo:lo + block_size], salt))

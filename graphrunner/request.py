@@ -68,5 +68,14 @@ class Request:
     def finished(self) -> bool:
         return self.status is RequestStatus.FINISHED
 
+    def token_slice(self, start: int, end: int) -> list[int]:
+        """Tokens [start, end) of prompt + outputs, without copying the whole history."""
+        n = self.prompt_len
+        if end <= n:
+            return self.prompt_token_ids[start:end]
+        if start >= n:
+            return self.output_token_ids[start - n:end - n]
+        return self.prompt_token_ids[start:] + self.output_token_ids[:end - n]
+
     def all_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids

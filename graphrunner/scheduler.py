@@ -161,8 +161,15 @@ class Scheduler:
         if not self.pool.enable_caching or req.params.prompt_logprobs is not None:
             return []
         known = req.num_host_tokens
-        extend_block_hashes(req.block_hashes, req.all_token_ids(), known, self.block_size, req.cache_salt)
+        self._extend_hashes(req, known)
         return self.pool.lookup(req.block_hashes[:(known - 1) // self.block_size])
+
+    def _extend_hashes(self, req: Request, num_tokens: int) -> None:
+        """Keys of req's full blocks within its first num_tokens tokens; hashes only the blocks still missing."""
+        start = len(req.block_hashes) * self.block_size
+        if num_tokens - start >= self.block_size:
+            extend_block_hashes(req.block_hashes, req.token_slice(start, num_tokens), num_tokens, self.block_size,
+                                req.cache_salt, start)
 
     def _register_blocks(self, req: Request) -> None:
         """Register req's newly full blocks whose tokens are computed (or launched) and known to the host."""
@@ -171,8 +178,7 @@ class Scheduler:
         full = min(req.num_computed_tokens, req.num_host_tokens) // self.block_size
         if full <= req.num_registered_blocks:
             return
-        extend_block_hashes(req.block_hashes, req.all_token_ids(), full * self.block_size, self.block_size,
-                            req.cache_salt)
+        self._extend_hashes(req, full * self.block_size)
         for i in range(req.num_registered_blocks, full):
             self.pool.register(req.block_ids[i], req.block_hashes[i])
         req.num_registered_blocks = full

@@ -33,6 +33,9 @@ def test_block_keys_chain_parent_tokens_and_salt() -> None:
     assert keys == [hash_block(None, a), hash_block(hash_block(None, a), b)]  # the partial block has no key
     extend_block_hashes(keys, a + b + [1, 2], 34, BS)
     assert len(keys) == 2
+    tail_only: list[bytes] = keys[:1]
+    extend_block_hashes(tail_only, b + [1, 2], 34, BS, start=16)  # only the tokens the missing block needs
+    assert tail_only == keys
 
 
 def test_pool_reference_counts_lru_and_eviction() -> None:
