@@ -64,6 +64,10 @@ class AsyncStepOutput:
         self._host = host  # pinned on CUDA
         self._event = event
 
+    def ready(self) -> bool:
+        """Whether result() would return without waiting."""
+        return self._event is None or self._event.query()
+
     def result(self) -> StepOutput:
         if self._event is not None:
             self._event.synchronize()

@@ -281,6 +281,27 @@ class SchedulerConfig:
 CUDAGRAPH_MODES = ("full_and_piecewise", "piecewise", "none")
 
 
+def check_tensor_parallel(model: ModelConfig, size: int, device: torch.device) -> None:
+    """ValueError unless `model` splits over `size` ranks (heads, intermediate size; KV heads split evenly or,
+    when fewer than the ranks, replicated) and, on CUDA, there are that many devices."""
+    if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+        raise ValueError(f"tensor_parallel_size must be an integer >= 1, got {size!r}")
+    if size == 1:
+        return
+    problems = []
+    if model.num_heads % size:
+        problems.append(f"num_attention_heads={model.num_heads} is not a multiple of it")
+    kv = model.num_kv_heads
+    if (kv >= size and kv % size) or (kv < size and size % kv):
+        problems.append(f"num_key_value_heads={kv} neither splits over it nor divides it (for replication)")
+    if model.intermediate_size % size:
+        problems.append(f"intermediate_size={model.intermediate_size} is not a multiple of it")
+    if problems:
+        raise ValueError(f"tensor_parallel_size={size} does not fit the model: " + "; ".join(problems))
+    if device.type == "cuda" and size > torch.cuda.device_count():
+        raise ValueError(f"tensor_parallel_size={size} needs {size} GPUs, {torch.cuda.device_count()} visible")
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """Everything the engine needs, resolved: paths, device, dtype and the sub-configs."""
@@ -306,8 +327,11 @@ class EngineConfig:
     # "auto": sampling defaults from the model's generation_config.json; "vllm": none; else a folder holding one
     generation_config: str = "auto"
     skip_tokenizer_init: bool = False  # no tokenizer: prompts are token ids, outputs carry no text
+    # ranks the model is split over (one process and one device each; rank r uses cuda:r)
+    tensor_parallel_size: int = 1
 
     def __post_init__(self) -> None:
+        check_tensor_parallel(self.model, self.tensor_parallel_size, self.device)
         if self.logprobs_mode not in ("raw_logprobs", "processed_logprobs"):
             raise ValueError(f"logprobs_mode must be 'raw_logprobs' or 'processed_logprobs', got {self.logprobs_mode!r}")
         if self.attention_backend not in ("reference", "triton"):

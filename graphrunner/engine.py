@@ -26,7 +26,7 @@ from graphrunner.sampling.batch import prepare_request_sampling
 from graphrunner.sampling_params import SamplingParams
 from graphrunner.scheduler import Scheduler, SchedulerOutput
 from graphrunner.tokenizer import load_tokenizer
-from graphrunner.worker import build_runner
+from graphrunner.tp_executor import build_engine_runner
 from model_states import ModelState
 
 _SEED_MASK = (1 << 63) - 1
@@ -51,7 +51,7 @@ class Engine:
     def __init__(self, config: EngineConfig, model_state: ModelState | None = None) -> None:
         self.config = config
         self.tokenizer = None if config.skip_tokenizer_init else load_tokenizer(config.tokenizer_dir)
-        self.runner, num_blocks = build_runner(config, model_state)
+        self.runner, num_blocks = build_engine_runner(config, model_state)  # rank 0's, with tensor parallelism
         pool = BlockPool(num_blocks, enable_caching=config.enable_prefix_caching)
         self.scheduler = Scheduler(config.scheduler, pool, config.cache.block_size)
         self.stats = EngineStats(config.scheduler.max_model_len, {"model_name": str(config.model_dir)})
@@ -60,6 +60,12 @@ class Engine:
         self._outputs = OutputProcessor(self.tokenizer)
         self._pending: tuple[SchedulerOutput, AsyncStepOutput] | None = None
         self._counter = 0
+
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel worker processes, if any (dropping the engine does it too)."""
+        shutdown = getattr(self.runner, "shutdown", None)
+        if shutdown is not None:
+            shutdown()
 
     # -- submission ----------------------------------------------------------------------
     def add_request(self, prompt: Any, params: SamplingParams | None = None, request_id: str | None = None) -> str:

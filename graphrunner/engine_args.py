@@ -119,7 +119,7 @@ class EngineArgs:
     quantization: str | None = None
     swap_space: float = 4.0  # accepted: preemption recomputes, nothing is swapped
     cpu_offload_gb: float = 0.0
-    disable_custom_all_reduce: bool = False  # accepted: one GPU, no all-reduce
+    disable_custom_all_reduce: bool = False  # accepted: all-reduces are torch.distributed's (NCCL / gloo)
     distributed_executor_backend: str | None = None
     enable_lora: bool = False
     served_model_name: str | None = None
@@ -157,8 +157,6 @@ class EngineArgs:
     def _refusals(self) -> list[str]:
         checks = [
             (self.trust_remote_code, "trust_remote_code=True: graphrunner never runs code from a model directory"),
-            (self.tensor_parallel_size != 1,
-             f"tensor_parallel_size={self.tensor_parallel_size}: tensor parallelism is not built yet (one device)"),
             (self.pipeline_parallel_size != 1, "pipeline_parallel_size != 1: pipeline parallelism is not supported"),
             (self.data_parallel_size != 1, "data_parallel_size != 1: run one engine per device instead"),
             (self.kv_cache_dtype != "auto",
@@ -175,7 +173,10 @@ class EngineArgs:
             (self.cpu_offload_gb != 0, "cpu_offload_gb: weights stay on the device"),
             (self.enable_lora, "enable_lora=True: LoRA adapters are not supported"),
             (self.distributed_executor_backend not in (None, "uni", "mp"),
-             f"distributed_executor_backend={self.distributed_executor_backend!r}: one process per engine"),
+             (f"distributed_executor_backend={self.distributed_executor_backend!r}: 'mp' (one process per rank) "
+              f"or 'uni' (one rank) only")),
+            (self.distributed_executor_backend == "uni" and self.tensor_parallel_size != 1,
+             "distributed_executor_backend='uni' runs one rank: tensor_parallel_size must be 1 (or use 'mp')"),
         ]
         return [reason for refused, reason in checks if refused]
 
@@ -245,4 +246,5 @@ class EngineArgs:
             max_logprobs=self.max_logprobs,
             generation_config=self.generation_config,
             skip_tokenizer_init=self.skip_tokenizer_init,
+            tensor_parallel_size=self.tensor_parallel_size,
         )

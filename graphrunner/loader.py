@@ -2,7 +2,8 @@
 
 The model is built by whatever builds it (the architecture's ModelState, handed in by the front) on
 the meta device (no double initialisation), materialised on the target device, then filled: HF names map 1:1 onto parameters except fused ones (the model's
-`packed_modules`), whose shards are copied into their slices. Missing or unexpected weights raise.
+`packed_modules`), whose shards are copied into their slices; a tensor-parallel layer (`tp_shard_of`) takes
+only its rank's part of each checkpoint tensor. Missing or unexpected weights raise.
 A broken file (corrupt shard index, truncated / empty / garbage safetensors) raises ValueError naming it;
 every file's header is checked before the model is built.
 """
@@ -140,12 +141,16 @@ def load_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]]) 
             unexpected.append(key)
             continue
         dst = param.data
+        owner_name, _, leaf = target.rpartition(".")
+        owner = model.get_submodule(owner_name)
         if shard >= 0:
-            owner = model.get_submodule(target.rsplit(".", 1)[0])
             shard_slice = getattr(owner, "shard_slice", None)
             if shard_slice is None:
                 raise ValueError(f"fused parameter {target} (for {key}) has no shard_slice(); cannot place the shard")
             dst = dst[shard_slice(shard)]
+        tp_shard_of = getattr(owner, "tp_shard_of", None)  # tensor-parallel layers keep only their rank's part
+        if tp_shard_of is not None:
+            tensor = tp_shard_of(leaf, shard, tensor)
         if tuple(dst.shape) != tuple(tensor.shape):
             raise ValueError(f"checkpoint tensor {key} has shape {tuple(tensor.shape)}, "
                              f"expected {tuple(dst.shape)} for {target}")

@@ -2,7 +2,8 @@
 state table, runner, and the capture manager wired to the runner's step bodies.
 
 On CUDA the KV cache takes what a profiling forward of the largest step leaves free under
-gpu_memory_utilization; on CPU it is capped so a laptop is not asked for gigabytes.
+gpu_memory_utilization; on CPU it is capped so a laptop is not asked for gigabytes. With tensor
+parallelism each rank holds its KV heads, and every rank takes the smallest block count any can hold.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from capture.manager import CaptureManager
 from graphrunner.config import EngineConfig
 from graphrunner.kv_cache import allocate_kv_cache, blocks_needed, kv_bytes_per_block
 from graphrunner.loader import load_model
+from graphrunner.parallel_state import min_across_ranks, rank_kv_config
 from graphrunner.runner import ModelRunner
 from graphrunner.state_table import StateTable
 from model_states import ModelState, get_model_state
@@ -52,7 +54,7 @@ def choose_num_blocks(config: EngineConfig, peak_bytes: int = 0, reserved_bytes:
     """KV blocks that fit: on CUDA, what gpu_memory_utilization leaves after the profiled peak and
     `reserved_bytes` (the CUDA-graph pool); on CPU, a laptop-sized cap."""
     cache, sc = config.cache, config.scheduler
-    per_block = kv_bytes_per_block(config.model, cache.block_size, config.dtype)
+    per_block = kv_bytes_per_block(rank_kv_config(config.model), cache.block_size, config.dtype)
     if cache.num_blocks is not None:
         return cache.num_blocks
     want = sc.max_num_seqs * blocks_needed(sc.max_model_len, cache.block_size) + 1
@@ -86,7 +88,8 @@ def build_runner(config: EngineConfig, model_state: ModelState | None = None) ->
     sc, bs = config.scheduler, config.cache.block_size
     state = StateTable(sc.max_num_seqs, sc.max_model_len, blocks_needed(sc.max_model_len, bs), config.device,
                        config.use_triton)
-    placeholder = allocate_kv_cache(config.model, 2, bs, config.dtype, config.device)
+    kv_model = rank_kv_config(config.model)
+    placeholder = allocate_kv_cache(kv_model, 2, bs, config.dtype, config.device)
     runner = ModelRunner(model, model_state, placeholder, state, config.use_triton, config.logprobs_mode,
                          config.attention_backend, sc.max_num_batched_tokens)
     manager = None
@@ -100,8 +103,8 @@ def build_runner(config: EngineConfig, model_state: ModelState | None = None) ->
     if manager is not None:
         manager.capture(runner.capture_bodies(), largest_only=True)
         reserved = int(manager.pool_bytes * GRAPH_POOL_MARGIN)
-    num_blocks = choose_num_blocks(config, peak, reserved)
-    runner.kv_cache = allocate_kv_cache(config.model, num_blocks, bs, config.dtype, config.device)
+    num_blocks = min_across_ranks(choose_num_blocks(config, peak, reserved))  # one block count for every rank
+    runner.kv_cache = allocate_kv_cache(kv_model, num_blocks, bs, config.dtype, config.device)
     del placeholder
     if manager is not None:
         manager.capture(runner.capture_bodies())

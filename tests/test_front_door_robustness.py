@@ -311,7 +311,8 @@ def test_huge_top_k_is_off_and_tiny_temperature_is_greedy(llm: LLM, baseline: Ba
     [
         ({"bogus": 1}, r"unknown engine argument\(s\) \['bogus'\]"),
         ({"trust_remote_code": True}, "trust_remote_code=True"),
-        ({"tensor_parallel_size": 2}, "tensor_parallel_size=2"),
+        ({"tensor_parallel_size": 3}, "tensor_parallel_size=3 does not fit the model: num_attention_heads=4"),
+        ({"tensor_parallel_size": 0}, "tensor_parallel_size must be an integer >= 1"),
         ({"kv_cache_dtype": "fp8"}, "kv_cache_dtype='fp8'"),
         ({"compilation_config": {"cudagraph_mode": "bogus"}}, "cudagraph_mode 'bogus'"),
         ({"compilation_config": "O3"}, "compilation_config must be a level"),

@@ -16,6 +16,7 @@ from torch import nn
 from graphrunner.config import ModelConfig
 from graphrunner.models.mlp import GatedMLP
 from graphrunner.models.norm import RMSNorm
+from graphrunner.models.parallel_linear import ParallelLMHead, VocabParallelEmbedding, parallel_logits
 from graphrunner.models.rotary import RotaryEmbedding
 from graphrunner.models.self_attention import SelfAttention
 
@@ -49,7 +50,7 @@ class DecoderModel(nn.Module):
         super().__init__()
         if len(sliding_windows) != config.num_layers:
             raise ValueError(f"got {len(sliding_windows)} sliding windows for {config.num_layers} layers")
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(
             DecoderLayer(config, i, scale, sliding_windows[i], qkv_bias=qkv_bias, o_bias=o_bias,
                          qk_norm=qk_norm, mlp_bias=mlp_bias)
@@ -87,8 +88,8 @@ class DecoderForCausalLM(nn.Module):
             sliding_windows = [config.sliding_window] * config.num_layers
         self.model = DecoderModel(config, scale, sliding_windows, qkv_bias=qkv_bias, o_bias=o_bias,
                                   qk_norm=qk_norm, mlp_bias=mlp_bias)
-        self.lm_head: nn.Linear | None = (
-            None if config.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head: ParallelLMHead | None = (
+            None if config.tie_word_embeddings else ParallelLMHead(config.vocab_size, config.hidden_size)
         )
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -101,6 +102,6 @@ class DecoderForCausalLM(nn.Module):
         return self.model(input_ids, positions, inputs_embeds)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [N, H] -> logits [N, vocab] float32."""
-        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight  # [V, H]
-        return torch.nn.functional.linear(hidden, weight).float()
+        """hidden [N, H] -> logits [N, vocab] float32 (with tensor parallelism: the full vocabulary on every rank)."""
+        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight  # [V / ranks, H]
+        return parallel_logits(hidden, weight, self.config.vocab_size)

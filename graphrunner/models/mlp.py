@@ -1,4 +1,5 @@
-"""The gated SiLU MLP of Llama/Qwen: down(silu(gate(x)) * up(x)) with gate and up fused."""
+"""The gated SiLU MLP of Llama/Qwen: down(silu(gate(x)) * up(x)) with gate and up fused; with tensor
+parallelism gate-up is split column-wise (each rank its slice of the intermediate size) and down row-wise."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from graphrunner.models.linear import MergedLinear
+from graphrunner.models.parallel_linear import RowParallelLinear, ShardedMergedLinear
+from graphrunner.parallel_state import shard_range
 
 
 class GatedMLP(nn.Module):
@@ -14,9 +16,10 @@ class GatedMLP(nn.Module):
 
     def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False) -> None:
         super().__init__()
-        self.intermediate_size = intermediate_size
-        self.gate_up_proj = MergedLinear(hidden_size, (intermediate_size, intermediate_size), bias=bias)
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
+        start, self.intermediate_size = shard_range(intermediate_size)  # this rank's slice
+        piece = (start, self.intermediate_size)
+        self.gate_up_proj = ShardedMergedLinear(hidden_size, (piece, piece), bias=bias)
+        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, hidden] -> [T, hidden]."""

@@ -2,6 +2,8 @@
 per-head q/k RMSNorm (Qwen3), rotary embedding, paged attention and the output projection.
 
 Parameter names follow HF (`qkv_proj` fuses `q_proj`/`k_proj`/`v_proj`; `q_norm`, `k_norm`, `o_proj`).
+With tensor parallelism each rank holds its query heads and KV heads (one replicated KV head when there are
+fewer KV heads than ranks) and o_proj all-reduces.
 """
 
 from __future__ import annotations
@@ -10,9 +12,10 @@ import torch
 from torch import nn
 
 from graphrunner.attention import Attention
-from graphrunner.models.linear import MergedLinear
 from graphrunner.models.norm import RMSNorm
+from graphrunner.models.parallel_linear import RowParallelLinear, ShardedMergedLinear
 from graphrunner.models.rotary import apply_rotary
+from graphrunner.parallel_state import kv_head_range, shard_range
 
 
 class SelfAttention(nn.Module):
@@ -34,16 +37,18 @@ class SelfAttention(nn.Module):
         sliding_window: int | None = None,
     ) -> None:
         super().__init__()
-        self.num_heads = num_heads
-        self.num_kv_heads = num_kv_heads
+        q_start, self.num_heads = shard_range(num_heads)  # this rank's heads
+        kv_start, self.num_kv_heads = kv_head_range(num_kv_heads)
         self.head_dim = head_dim
-        self.q_size = num_heads * head_dim
-        self.kv_size = num_kv_heads * head_dim
-        self.qkv_proj = MergedLinear(hidden_size, (self.q_size, self.kv_size, self.kv_size), bias=qkv_bias)
-        self.o_proj = nn.Linear(self.q_size, hidden_size, bias=o_bias)
+        self.q_size = self.num_heads * head_dim
+        self.kv_size = self.num_kv_heads * head_dim
+        kv_piece = (kv_start * head_dim, self.kv_size)
+        self.qkv_proj = ShardedMergedLinear(hidden_size, [(q_start * head_dim, self.q_size), kv_piece, kv_piece],
+                                            bias=qkv_bias)
+        self.o_proj = RowParallelLinear(num_heads * head_dim, hidden_size, bias=o_bias)
         self.q_norm: RMSNorm | None = RMSNorm(head_dim, norm_eps) if qk_norm else None
         self.k_norm: RMSNorm | None = RMSNorm(head_dim, norm_eps) if qk_norm else None
-        self.attn = Attention(num_heads, num_kv_heads, head_dim, scale, layer_idx, sliding_window=sliding_window)
+        self.attn = Attention(self.num_heads, self.num_kv_heads, head_dim, scale, layer_idx, sliding_window=sliding_window)
 
     def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """hidden [T, hidden], cos/sin [T, 1, D/2] -> [T, hidden]."""

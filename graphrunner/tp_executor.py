@@ -1,0 +1,279 @@
+"""Tensor parallelism's processes: rank 0 is the engine's own process driving its runner; ranks 1..N-1 are
+spawned worker processes that replay every step rank 0 ships them (graphrunner.tp_plan) on their own device.
+
+Rank 0 sends a step's plan down a pipe and launches the step itself; nothing waits for the workers but the
+collectives inside the step. A worker that dies ends the engine with an error naming it: a watcher thread sees
+the process exit (and aborts the communicators on GPU, so nothing stays blocked in a collective), every later
+step raises at once, and collectives time out after GRAPHRUNNER_TP_TIMEOUT_S seconds whatever happens.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import multiprocessing as mp
+import multiprocessing.connection as mpc
+import os
+import threading
+import time
+import traceback
+import weakref
+from collections import deque
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from graphrunner.async_output import AsyncStepOutput, StepOutput
+from graphrunner.config import EngineConfig
+from graphrunner.parallel_state import abort_tensor_parallel, destroy_tensor_parallel, init_tensor_parallel
+from graphrunner.runner import ModelRunner
+from graphrunner.scheduler import SchedulerOutput
+from graphrunner.tp_plan import STOP, RowMirror, encode_plan
+from graphrunner.worker import build_runner
+from model_states import ModelState
+
+DEFAULT_TIMEOUT_S = 600.0  # a collective (or the start-up rendezvous) waiting longer than this fails
+
+
+def collective_timeout_s() -> float:
+    raw = os.environ.get("GRAPHRUNNER_TP_TIMEOUT_S", "")
+    try:
+        value = float(raw) if raw else DEFAULT_TIMEOUT_S
+    except ValueError:
+        raise ValueError(f"GRAPHRUNNER_TP_TIMEOUT_S must be a number of seconds, got {raw!r}") from None
+    if value <= 0:
+        raise ValueError(f"GRAPHRUNNER_TP_TIMEOUT_S must be > 0, got {raw!r}")
+    return value
+
+
+class WorkerDied(RuntimeError):
+    """A tensor-parallel worker process exited (or a step failed and left the ranks out of step)."""
+
+
+def rank_config(config: EngineConfig, rank: int) -> EngineConfig:
+    """The config rank `rank` builds its runner from: on CUDA, device cuda:rank."""
+    if config.device.type != "cuda":
+        return config
+    return dataclasses.replace(config, device=torch.device("cuda", rank))
+
+
+# ---- the worker process --------------------------------------------------------------------------
+
+def _exit_with_parent(parent_pid: int) -> None:
+    while True:
+        time.sleep(1.0)
+        if os.getppid() != parent_pid:  # re-parented: the engine process is gone
+            os._exit(3)
+
+
+def _worker_main(rank: int, config: EngineConfig, port: int, conn: mpc.Connection, timeout_s: float) -> None:
+    """Rank `rank`: join the group, build the runner, then run every plan rank 0 sends until STOP or EOF."""
+    threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
+    world = config.tensor_parallel_size
+    try:
+        if config.device.type == "cuda":
+            torch.cuda.set_device(config.device)
+        else:  # the ranks share the host's cores
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+        store = dist.TCPStore("127.0.0.1", port, world, is_master=False,
+                              timeout=datetime.timedelta(seconds=timeout_s))
+        store.set(f"graphrunner_tp_joined_{rank}", "1")
+        init_tensor_parallel(rank, world, store, config.device, timeout_s)
+        runner, num_blocks = build_runner(config)
+        conn.send(("ready", num_blocks))
+        mirror = RowMirror()
+        recent: deque[AsyncStepOutput] = deque(maxlen=2)  # keeps the last steps' copy buffers alive
+        while True:
+            sched = mirror.decode(conn.recv_bytes())
+            if sched is None:
+                break
+            recent.append(runner.execute(sched))
+    except EOFError:  # the engine closed its end without STOP: it is gone
+        pass
+    except BaseException:  # noqa: BLE001 -- reported to rank 0, then this process ends
+        try:
+            conn.send(("error", traceback.format_exc()))
+        except (OSError, ValueError):
+            pass
+        os._exit(1)  # no clean-up that could wait on a collective
+    finally:
+        destroy_tensor_parallel()
+
+
+# ---- rank 0 ------------------------------------------------------------------------------------
+
+class _Workers:
+    """The spawned processes, their pipes, and what is known about their deaths (no reference to the executor,
+    so that dropping the engine shuts them down)."""
+
+    def __init__(self, procs: list[Any], conns: list[mpc.Connection], on_cuda: bool) -> None:
+        self.procs = procs
+        self.conns = conns
+        self.on_cuda = on_cuda
+        self.closing = False
+        self.dead: str | None = None
+        self._lock = threading.Lock()
+        self._watcher = threading.Thread(target=self._watch, name="graphrunner-tp-watch", daemon=True)
+        self._watcher.start()
+
+    def _watch(self) -> None:
+        mpc.wait([p.sentinel for p in self.procs])
+        if self.closing:
+            return
+        self.note_death()
+        if self.on_cuda:  # a collective waiting for the dead rank would wait until the timeout
+            abort_tensor_parallel()
+
+    def note_death(self) -> str | None:
+        """The reason, once a worker has exited unexpectedly (None while all live)."""
+        with self._lock:
+            if self.dead is None and not self.closing:
+                for rank, (proc, conn) in enumerate(zip(self.procs, self.conns, strict=True), start=1):
+                    if proc.is_alive():
+                        continue
+                    detail = ""
+                    try:
+                        while conn.poll():
+                            kind, payload = conn.recv()
+                            if kind == "error":
+                                detail = f"; its error:\n{payload}"
+                    except (EOFError, OSError, ValueError):
+                        pass
+                    self.dead = (f"tensor-parallel worker rank {rank} (pid {proc.pid}) exited with code "
+                                 f"{proc.exitcode}{detail}")
+                    break
+            return self.dead
+
+    def close(self) -> None:
+        self.closing = True
+        for conn in self.conns:
+            try:
+                conn.send_bytes(STOP)
+            except (OSError, ValueError):
+                pass
+        deadline = time.monotonic() + 10.0
+        for proc in self.procs:
+            proc.join(max(0.0, deadline - time.monotonic()))
+            if proc.is_alive():
+                proc.kill()
+                proc.join(5.0)
+        for conn in self.conns:
+            conn.close()
+        destroy_tensor_parallel()
+
+
+class _WatchedOutput:
+    """A step's output whose wait also watches the workers: on GPU a dead peer would leave the step's
+    collectives (and so its event) pending."""
+
+    def __init__(self, inner: AsyncStepOutput, workers: _Workers) -> None:
+        self._inner = inner
+        self._workers = workers
+
+    def result(self) -> StepOutput:
+        while not self._inner.ready():
+            if self._workers.note_death() is not None:
+                raise WorkerDied(self._workers.dead)
+            time.sleep(0)  # let other threads (the async front end) run while the device works
+        return self._inner.result()
+
+
+class TensorParallelExecutor:
+    """Rank 0's runner and the worker processes of ranks 1..N-1; stands where the engine keeps its runner
+    (`execute`, and every other runner attribute delegated to rank 0's)."""
+
+    def __init__(self, config: EngineConfig, model_state: ModelState | None = None) -> None:
+        world = config.tensor_parallel_size
+        timeout_s = collective_timeout_s()
+        timeout = datetime.timedelta(seconds=timeout_s)
+        store = dist.TCPStore("127.0.0.1", 0, world, is_master=True, wait_for_workers=False, timeout=timeout)
+        ctx = mp.get_context("spawn")
+        procs, conns = [], []
+        for rank in range(1, world):
+            ours, theirs = ctx.Pipe(duplex=True)
+            proc = ctx.Process(target=_worker_main, args=(rank, rank_config(config, rank), store.port, theirs, timeout_s),
+                               name=f"graphrunner-tp{rank}", daemon=True)
+            proc.start()
+            theirs.close()
+            procs.append(proc)
+            conns.append(ours)
+        self._workers = _Workers(procs, conns, config.device.type == "cuda")
+        self._finalizer = weakref.finalize(self, self._workers.close)
+        self._failed: str | None = None
+        try:
+            self._wait(lambda: store.check([f"graphrunner_tp_joined_{r}" for r in range(1, world)]), timeout_s,
+                       "join the process group")
+            init_tensor_parallel(0, world, store, rank_config(config, 0).device, timeout_s)
+            self.runner, self.num_blocks = build_runner(rank_config(config, 0), model_state)
+            for rank, conn in enumerate(conns, start=1):
+                self._wait(conn.poll, timeout_s, "build its model")
+                try:
+                    kind, payload = conn.recv()
+                except EOFError:
+                    time.sleep(0.5)  # its exit code lands a moment after the pipe closes
+                    raise WorkerDied(self._workers.note_death() or f"tensor-parallel worker rank {rank} "
+                                     f"closed its pipe while starting") from None
+                if kind != "ready" or payload != self.num_blocks:
+                    raise WorkerDied(f"tensor-parallel worker rank {rank} did not start: {kind} {payload}")
+        except BaseException as exc:
+            reason = self._workers.note_death()
+            self.shutdown()
+            if reason is not None and isinstance(exc, Exception):
+                raise WorkerDied(reason) from exc
+            raise
+
+    def _wait(self, done: Any, timeout_s: float, what: str) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not done():
+            reason = self._workers.note_death()
+            if reason is not None:
+                raise WorkerDied(reason)
+            if time.monotonic() > deadline:
+                raise WorkerDied(f"tensor-parallel workers did not {what} within {timeout_s:.0f} s "
+                                 f"(GRAPHRUNNER_TP_TIMEOUT_S)")
+            time.sleep(0.01)
+
+    def execute(self, sched: SchedulerOutput) -> AsyncStepOutput | _WatchedOutput:
+        """Ship the plan to every worker, then launch the step here; the output is read as the runner's is."""
+        if self._failed is not None:
+            raise WorkerDied(self._failed)
+        try:
+            plan = encode_plan(sched)
+            for conn in self._workers.conns:
+                conn.send_bytes(plan)
+            out = self.runner.execute(sched)
+        except BaseException as exc:
+            # the ranks may now disagree about the state table: nothing more can run on this engine
+            dead = self._workers.note_death()
+            self._failed = (dead or f"a step failed on rank 0 ({type(exc).__name__}: {exc}), leaving the "
+                            f"tensor-parallel ranks out of step") + "; create a new engine"
+            self.shutdown()
+            if isinstance(exc, Exception):
+                raise WorkerDied(self._failed) from exc
+            raise
+        return _WatchedOutput(out, self._workers)
+
+    def shutdown(self) -> None:
+        """Stop the workers and leave the process group (also done when the executor is dropped)."""
+        self._finalizer()
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "runner":  # not built (a failed start): no delegation
+            raise AttributeError(name)
+        return getattr(self.runner, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in ("runner", "num_blocks") or name.startswith("_") or "runner" not in self.__dict__:
+            object.__setattr__(self, name, value)
+        else:  # e.g. a test swapping a runner method: it is rank 0's runner that runs
+            setattr(self.runner, name, value)
+
+
+def build_engine_runner(config: EngineConfig, model_state: ModelState | None = None
+                        ) -> tuple[ModelRunner | TensorParallelExecutor, int]:
+    """The engine's runner and its KV block count: one process, or rank 0 of tensor_parallel_size processes."""
+    if config.tensor_parallel_size == 1:
+        return build_runner(config, model_state)
+    executor = TensorParallelExecutor(config, model_state)
+    return executor, executor.num_blocks
