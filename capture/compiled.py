@@ -73,7 +73,8 @@ def graph_sizes(config: EngineConfig, model_state: ModelState) -> tuple[list[int
 
 def manifest_for(config: EngineConfig, model_state: ModelState) -> Manifest:
     full, buckets = graph_sizes(config, model_state)
-    return Manifest.current(config.model_dir, config.dtype, config.device, tuple(buckets), tuple(full))
+    return Manifest.current(config.model_dir, config.dtype, config.device, tuple(buckets), tuple(full),
+                            config.tensor_parallel_size)
 
 
 def prepare_compiled_model(model: nn.Module, config: EngineConfig, model_state: ModelState

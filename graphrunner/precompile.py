@@ -41,6 +41,7 @@ def precompile(config: EngineConfig, out_dir: Path) -> float:
     # for exactly the graphs the engine's construction made. Without graphs the first trace's size
     # hint is the first request's length, so each count is served after a fresh Dynamo state.
     retrace = graph_sizes(config, model_state) == ([], [])
+    engine = None
     try:
         engine = Engine(config, model_state)
         for count in WARMUP_TOKEN_COUNTS[1:] if retrace else WARMUP_TOKEN_COUNTS[-1:]:
@@ -52,4 +53,7 @@ def precompile(config: EngineConfig, out_dir: Path) -> float:
     except BaseException:
         (out_dir / MANIFEST_NAME).unlink(missing_ok=True)  # a half-built cache must not look valid
         raise
+    finally:
+        if engine is not None:
+            engine.shutdown()  # tensor-parallel workers (their compiled pieces are in out_dir too)
     return time.perf_counter() - start

@@ -254,6 +254,11 @@ class TensorParallelExecutor:
             raise
         return _WatchedOutput(out, self._workers)
 
+    @property
+    def worker_pids(self) -> list[int]:
+        """Process ids of ranks 1..N-1."""
+        return [p.pid for p in self._workers.procs]
+
     def shutdown(self) -> None:
         """Stop the workers and leave the process group (also done when the executor is dropped)."""
         self._finalizer()
