@@ -62,7 +62,10 @@ def destroy_tensor_parallel() -> None:
     global _STATE, _DEVICE_GROUP, _CPU_GROUP
     _STATE, _DEVICE_GROUP, _CPU_GROUP = TPState(), None, None
     if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
+        try:
+            dist.destroy_process_group()
+        except Exception as exc:  # noqa: BLE001 -- e.g. after an abort: the group is gone either way
+            print(f"graphrunner: leaving the tensor-parallel group: {exc}", file=sys.stderr)
 
 
 def abort_tensor_parallel() -> None:

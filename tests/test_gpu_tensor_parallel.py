@@ -1,0 +1,114 @@
+"""Tensor parallelism on two GPUs (NCCL), with torch.compile and CUDA graphs (FULL and PIECEWISE) as by default:
+TP=2 gives TP=1's tokens (greedy and seeded), the collectives replay inside the graphs, rank 0's step launch never
+synchronises with the device, and a killed worker ends the engine with an error instead of a hang.
+
+Run with `-m gpu` on a machine with at least 2 GPUs; skipped elsewhere.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from tiny_models import make_tiny_model
+
+from graphrunner import LLM, SamplingParams
+from graphrunner.engine import StepFailed
+from graphrunner.step_plan import StepMode
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs"),
+]
+
+NEW_TOKENS = 32
+ARCHS = {"qwen3": ("Qwen3ForCausalLM", {"vocab_size": 509}), "llama-1-kv": ("LlamaForCausalLM",
+         {"num_key_value_heads": 1}), "qwen2": ("Qwen2ForCausalLM", {})}
+ENGINE: dict[str, Any] = {"dtype": "float32", "max_model_len": 512, "max_num_seqs": 16, "device": "cuda"}
+
+
+def _prompts() -> list[dict[str, list[int]]]:
+    rng = random.Random(0)
+    return [{"prompt_token_ids": [rng.randrange(400) for _ in range(n)]} for n in (1, 5, 17, 33, 64, 100, 130, 250)]
+
+
+def _params() -> list[SamplingParams]:
+    greedy = [SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True) for _ in range(4)]
+    seeded = [SamplingParams(temperature=0.8, top_p=0.9, max_tokens=NEW_TOKENS, ignore_eos=True, seed=i)
+              for i in range(4)]
+    return greedy + seeded
+
+
+def _tokens(llm: LLM) -> list[list[int]]:
+    return [list(o.outputs[0].token_ids) for o in llm.generate(_prompts(), _params(), use_tqdm=False)]
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_two_gpus_give_one_gpus_tokens_in_every_mode(arch: str, tmp_path: Path) -> None:
+    name, overrides = ARCHS[arch]
+    model_dir = make_tiny_model(tmp_path, name, **overrides)
+    expected = _tokens(LLM(model=model_dir, **ENGINE))
+    for kwargs in ({}, {"enforce_eager": True}, {"cudagraph_mode": "piecewise"}, {"max_num_batched_tokens": 40}):
+        llm = LLM(model=model_dir, tensor_parallel_size=2, **ENGINE, **kwargs)
+        try:
+            assert _tokens(llm) == expected, kwargs
+            graphs = llm.engine.runner.graphs
+            if not kwargs:  # the default: decodes replayed FULL graphs (all-reduces and the logits gather inside)
+                assert graphs.mode_counts[StepMode.FULL] > 0 and graphs.mode_counts[StepMode.PIECEWISE] > 0
+        finally:
+            llm.engine.shutdown()
+
+
+def test_rank0_step_launch_never_synchronises(tmp_path: Path) -> None:
+    model_dir = make_tiny_model(tmp_path, "Qwen3ForCausalLM")
+    llm = LLM(model=model_dir, tensor_parallel_size=2, max_model_len=512, num_gpu_blocks_override=40,
+              max_num_batched_tokens=48, block_size=16, device="cuda")
+    try:
+        engine = llm.engine
+        launch = engine.runner.execute
+        launches = 0
+
+        def checked(sched):  # type: ignore[no-untyped-def]
+            nonlocal launches
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                out = launch(sched)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+            launches += 1
+            return out
+
+        engine.runner.execute = checked  # type: ignore[method-assign]
+        params = [SamplingParams(temperature=t, max_tokens=24, ignore_eos=True, seed=i, logprobs=2 if i % 3 else None)
+                  for i, t in enumerate([0.0, 0.7, 1.0] * 4)]
+        outs = llm.generate(_prompts()[:8] + _prompts()[:4], params, use_tqdm=False)
+        assert launches > 24 and all(len(o.outputs[0].token_ids) == 24 for o in outs)
+        assert engine.scheduler.num_preemptions > 0
+    finally:
+        llm.engine.shutdown()
+
+
+def test_a_killed_gpu_worker_ends_the_engine_without_a_hang(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GRAPHRUNNER_TP_TIMEOUT_S", "60")
+    model_dir = make_tiny_model(tmp_path, "Qwen2ForCausalLM")
+    llm = LLM(model=model_dir, tensor_parallel_size=2, max_model_len=512, device="cuda")
+    try:
+        engine = llm.engine
+        engine.add_request({"prompt_token_ids": [1, 2, 3]}, SamplingParams(max_tokens=400, ignore_eos=True))
+        for _ in range(3):
+            engine.step()
+        (pid,) = engine.runner.worker_pids
+        os.kill(pid, signal.SIGKILL)
+        start = time.monotonic()
+        with pytest.raises(StepFailed, match=r"worker rank 1 .* exited with code -9"):
+            while engine.has_unfinished():
+                engine.step()
+        assert time.monotonic() - start < 45
+    finally:
+        llm.engine.shutdown()
