@@ -1,5 +1,5 @@
-"""vLLM's distributed clean-up helpers, for scripts that call them between engines. One process drives one
-device here, so there is no process group to destroy: they release cached device memory and nothing else."""
+"""vLLM's distributed clean-up helpers, for scripts that call them between engines: they leave the
+tensor-parallel process group (graphrunner.parallel_state) and release cached device memory."""
 
 from __future__ import annotations
 
@@ -7,9 +7,13 @@ import gc
 
 import torch
 
+from graphrunner.parallel_state import destroy_tensor_parallel
+
 
 def destroy_model_parallel() -> None:
-    """No model-parallel groups exist (tensor parallelism is not built yet)."""
+    """Leave the tensor-parallel group of this process, if any (a dropped engine's workers stop when it is
+    collected)."""
+    destroy_tensor_parallel()
 
 
 def destroy_distributed_environment() -> None:
@@ -18,7 +22,9 @@ def destroy_distributed_environment() -> None:
 
 
 def cleanup_dist_env_and_memory(shutdown_ray: bool = False) -> None:
-    """After `del llm`: collect the engine's objects and return cached device memory (as vLLM's helper does)."""
+    """After `del llm`: collect the engine's objects (which stops its workers), leave the process group and
+    return cached device memory (as vLLM's helper does)."""
+    gc.collect()
     destroy_model_parallel()
     destroy_distributed_environment()
     gc.collect()
