@@ -22,6 +22,7 @@ from graphrunner.engine_args import EngineArgs
 from graphrunner.llm_engine import LLMEngine
 from graphrunner.outputs import RequestOutput
 from graphrunner.sampling_params import RequestOutputKind, SamplingParams
+from graphrunner.tp_executor import WorkerDied
 
 logger = logging.getLogger(__name__)
 
@@ -187,8 +188,10 @@ class AsyncLLM:
         except BaseException as exc:  # never die silently: every waiting stream gets the error
             logger.exception("the engine loop thread failed")
             self._die(exc)
+            self.engine.shutdown()
             return
         self._die(EngineDead("the engine was shut down"))
+        self.engine.shutdown()  # tensor-parallel workers, if any
 
     def _step(self) -> None:
         try:
@@ -196,6 +199,9 @@ class AsyncLLM:
         except StepFailed as exc:
             logger.error("%s", exc)
             outputs = exc.outputs  # the failed requests' final outputs (finish_reason "error"); the loop goes on
+            if isinstance(exc.__cause__, WorkerDied):  # ... unless a tensor-parallel rank is gone: then it ends
+                self._deliver(outputs)
+                raise
         self._deliver(outputs)
 
     def _apply(self, command: Any) -> None:

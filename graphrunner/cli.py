@@ -86,13 +86,16 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True,
                    help="split long prompts across steps (off: a prompt is admitted only whole)")
     p.add_argument("--max-logprobs", type=int, default=20, help="the most logprobs a request may ask for")
+    p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
+                   help="split the model over N devices (one process each: GPUs 0..N-1 with NCCL, or gloo on CPU)")
     p.add_argument("--generation-config", default="auto",
                    help="sampling defaults: auto (the model's generation_config.json) | vllm (none) | a directory")
 
 
 _ENGINE_FLAGS = ("model", "dtype", "device", "seed", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
                  "num_gpu_blocks_override", "gpu_memory_utilization", "enforce_eager", "cudagraph_mode", "block_size",
-                 "enable_prefix_caching", "enable_chunked_prefill", "max_logprobs", "generation_config")
+                 "enable_prefix_caching", "enable_chunked_prefill", "max_logprobs", "generation_config",
+                 "tensor_parallel_size")
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:

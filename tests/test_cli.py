@@ -143,10 +143,12 @@ def test_engine_flags_reach_the_engine_arguments() -> None:
 
     args = cli.build_parser().parse_args(["generate", "--no-enable-prefix-caching", "--no-enable-chunked-prefill",
                                           "--max-logprobs", "3", "--generation-config", "vllm", "--block-size", "32",
-                                          "--max-model-len", "256", "x"])
+                                          "--max-model-len", "256", "-tp", "2", "x"])
     engine = EngineArgs(**cli.engine_kwargs(args))
+    assert engine.tensor_parallel_size == 2
     assert (engine.enable_prefix_caching, engine.enable_chunked_prefill, engine.max_logprobs) == (False, False, 3)
     assert (engine.generation_config, engine.block_size, engine.max_model_len) == ("vllm", 32, 256)
     config = engine.create_engine_config()
     assert not config.enable_prefix_caching and not config.scheduler.enable_chunked_prefill
+    assert config.tensor_parallel_size == 2
     assert cli.engine_kwargs(cli.build_parser().parse_args(["generate", "x"]))["enable_prefix_caching"] is True
