@@ -201,7 +201,7 @@ class AsyncLLM:
             outputs = exc.outputs  # the failed requests' final outputs (finish_reason "error"); the loop goes on
             if isinstance(exc.__cause__, WorkerDied):  # ... unless a tensor-parallel rank is gone: then it ends
                 self._deliver(outputs)
-                raise
+                raise exc.__cause__ from exc
         self._deliver(outputs)
 
     def _apply(self, command: Any) -> None:

@@ -15,6 +15,7 @@ from graphrunner.async_llm import AsyncLLM, EngineDead, QueueFull
 from graphrunner.engine import StepFailed
 from graphrunner.outputs import CompletionOutput, RequestOutput
 from graphrunner.sampling_params import SamplingParams
+from graphrunner.tp_executor import WorkerDied
 
 
 class FakeEngine:
@@ -28,6 +29,7 @@ class FakeEngine:
         self.fail_next: BaseException | None = None
         self.steps = 0
         self.aborted: list[str] = []
+        self.shut_down = False
 
     def add_request(self, prompt: Any, params: SamplingParams, request_id: str) -> str:
         if prompt == "bad":
@@ -38,6 +40,9 @@ class FakeEngine:
 
     def has_unfinished(self) -> bool:
         return bool(self.requests)
+
+    def shutdown(self) -> None:
+        self.shut_down = True
 
     def _out(self, rid: str, reason: str | None) -> RequestOutput:
         tokens = self.requests[rid][1]
@@ -146,3 +151,30 @@ def test_shutdown_aborts_in_flight() -> None:
     assert asyncio.run(asyncio.wait_for(run(), 30)).outputs[0].finish_reason == "abort"
     llm._thread.join(10)
     assert not llm._thread.is_alive()
+    assert engine.shut_down  # the engine's own shutdown (tensor-parallel workers) ran as the loop ended
+
+
+def test_a_dead_tensor_parallel_worker_ends_the_loop() -> None:
+    engine = FakeEngine()
+    llm = AsyncLLM(engine)
+    try:
+        failed = StepFailed("a step failed", [])
+        failed.__cause__ = WorkerDied("tensor-parallel worker rank 1 (pid 7) exited with code -9")
+        engine.fail_next = failed
+        outs = []
+
+        async def collect() -> None:
+            async for out in llm.generate("p", SamplingParams(max_tokens=5), "r"):
+                outs.append(out)
+
+        asyncio.run(collect())  # the request's final output (finish_reason "error") still reaches its stream
+        assert outs[-1].outputs[0].finish_reason == "error"
+        for _ in range(100):
+            if not llm.is_running:
+                break
+            threading.Event().wait(0.02)
+        assert not llm.is_running and engine.shut_down
+        with pytest.raises(EngineDead, match="worker rank 1"):
+            asyncio.run(_all(llm))
+    finally:
+        llm.shutdown()
