@@ -21,9 +21,11 @@ from graphrunner.async_output import AsyncStepOutput, OutputCopier, PromptLogpro
 from graphrunner.attention import forward_context
 from graphrunner.input_prep import StepBuffers, StepInputs, prepare_inputs
 from graphrunner.kv_cache import blocks_needed
+from graphrunner.parallel_state import tp_size
 from graphrunner.sampling.batch import SampleEntry, SamplingBatch, build_sampling_batch
 from graphrunner.sampling.logprobs import LogprobsTensors, prompt_logprobs_chunked
-from graphrunner.sampling.sampler import run_sampler
+from graphrunner.sampling.sampler import SamplerOutput, run_sampler
+from graphrunner.sampling.vocab_parallel import sample_vocab_parallel
 from graphrunner.scheduler import SchedulerOutput
 from graphrunner.state_kernels import post_update
 from graphrunner.state_table import StateTable, to_device
@@ -86,8 +88,7 @@ class ModelRunner:
             return self.outputs.launch(self._replay_full(batch))
         inputs = self._prepare(batch)
         hidden = self._forward(batch, inputs)                                    # [T, hidden]
-        logits = self.model.compute_logits(hidden.index_select(0, inputs.logits_indices))  # [B, V] float32
-        sampled = run_sampler(logits, batch.sampling, self.state, self.use_triton, self.logprobs_mode)
+        sampled = self._sample(hidden.index_select(0, inputs.logits_indices), batch.sampling)
         self._update(batch.idx_mapping, batch.num_scheduled, sampled.sampled)
         return self.outputs.launch(StepOutput(sampled.sampled, sampled.nonfinite, sampled.logprobs,
                                               self._prompt_logprobs(batch, hidden),
@@ -141,6 +142,18 @@ class ModelRunner:
         mode = self.graphs.forward_mode(batch.plan) if self.graphs is not None else nullcontext()
         with mode:
             return self.run_model(inputs, shape)
+
+    def _sample(self, hidden: torch.Tensor, sampling: SamplingBatch) -> SamplerOutput:
+        """Logits of hidden [B, hidden] and the sampled tokens. With tensor parallelism a plain batch samples each
+        rank's vocabulary shard and agrees on the winner (graphrunner.sampling.vocab_parallel); others gather."""
+        if sampling.plain and tp_size() > 1:
+            logits, vocab_start = self.model.compute_logits_shard(hidden)  # [B, V / ranks]
+            sampled, nonfinite = sample_vocab_parallel(
+                logits, vocab_start, self.model_state.config.vocab_size, sampling.idx_mapping, self.state.temperature,
+                self.state.seeds, self.state.num_tokens, self.use_triton)
+            return SamplerOutput(sampled, nonfinite, None)
+        logits = self.model.compute_logits(hidden)  # [B, V] float32
+        return run_sampler(logits, sampling, self.state, self.use_triton, self.logprobs_mode)
 
     def _update(self, idx_mapping: torch.Tensor, num_scheduled: torch.Tensor, sampled: torch.Tensor) -> None:
         post_update(idx_mapping, num_scheduled, sampled, self.state.token_ids, self.state.num_computed,
@@ -201,8 +214,7 @@ class ModelRunner:
                                 out=self.buffers.views(num_reqs, num_reqs * q, cols))
         shape = StepShape(num_reqs, num_reqs * q, (q,) * num_reqs, (self.max_model_len,) * num_reqs, num_splits)
         hidden = self.run_model(inputs, shape)                                  # [P * q, hidden]
-        logits = self.model.compute_logits(hidden.index_select(0, inputs.logits_indices))  # [P, V] float32
-        out = run_sampler(logits, SamplingBatch(idx, False, False, False, -1), self.state, self.use_triton)
+        out = self._sample(hidden.index_select(0, inputs.logits_indices), SamplingBatch(idx, False, False, False, -1))
         self._update(idx, counts, out.sampled)
         return out.sampled, out.nonfinite
 

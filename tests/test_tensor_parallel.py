@@ -1,8 +1,9 @@
 """Tensor parallelism on CPU (gloo, two ranks: this process and one spawned worker) against one rank.
 
 Tiny fp32 Qwen3 (tied embeddings, a vocabulary that does not split evenly), Llama (one KV head, replicated on
-both ranks) and Qwen2 (two KV heads, split; q/k/v biases): greedy tokens, seeded sampled tokens and logprobs of
-TP=2 equal TP=1's, with chunked prefill and preemption forced. Also the sharding arithmetic, the loader's
+both ranks) and Qwen2 (two KV heads, split; q/k/v biases): greedy tokens, seeded sampled tokens (with filters:
+gathered logits; plain: per-shard Gumbel-max) and logprobs of TP=2 equal TP=1's, with chunked prefill and
+preemption forced. Also the sharding arithmetic, the loader's
 per-rank shards (rank models built in this process, summed by hand) and the step plan's wire format.
 """
 
@@ -50,13 +51,21 @@ def _sampled() -> list[SamplingParams]:
                            seed=100 + i) for i in range(len(PROMPT_LENS))]
 
 
+def _plain() -> list[SamplingParams]:
+    """Greedy and temperature-only sampling without logprobs: each rank samples its vocabulary shard."""
+    return [SamplingParams(temperature=[0.0, 0.8][i % 2], max_tokens=NEW_TOKENS, ignore_eos=True, seed=200 + i)
+            for i in range(len(PROMPT_LENS))]
+
+
 def _run(llm: LLM) -> dict[str, Any]:
     greedy = llm.generate(_prompts(), _greedy(), use_tqdm=False)
     sampled = llm.generate(_prompts(), _sampled(), use_tqdm=False)
+    plain = llm.generate(_prompts(), _plain(), use_tqdm=False)
     return {
         "greedy": [list(o.outputs[0].token_ids) for o in greedy],
         "logprobs": [o.outputs[0].logprobs for o in greedy],
         "sampled": [list(o.outputs[0].token_ids) for o in sampled],
+        "plain": [list(o.outputs[0].token_ids) for o in plain],
         "preemptions": llm.engine.scheduler.num_preemptions,
     }
 
@@ -83,6 +92,12 @@ def test_seeded_sampling_equals_one_rank(case: tuple[dict, dict]) -> None:
     one, two = case
     assert two["sampled"] == one["sampled"]
     assert len({tuple(t) for t in one["sampled"]} - {tuple(t) for t in one["greedy"]}) > 0  # it did sample
+
+
+def test_plain_batches_sampled_per_shard_equal_one_rank(case: tuple[dict, dict]) -> None:
+    one, two = case
+    assert two["plain"] == one["plain"]
+    assert one["plain"][0] == one["greedy"][0] and one["plain"][1] != one["greedy"][1]  # greedy, and sampled
 
 
 def test_logprobs_equal_one_rank(case: tuple[dict, dict]) -> None:

@@ -105,3 +105,9 @@ class DecoderForCausalLM(nn.Module):
         """hidden [N, H] -> logits [N, vocab] float32 (with tensor parallelism: the full vocabulary on every rank)."""
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight  # [V / ranks, H]
         return parallel_logits(hidden, weight, self.config.vocab_size)
+
+    def compute_logits_shard(self, hidden: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """hidden [N, H] -> (this rank's logits [N, ceil(V / ranks)] in the model dtype, the first id they cover);
+        ids past the vocabulary are padding. For sampling without gathering the logits."""
+        head = self.model.embed_tokens if self.lm_head is None else self.lm_head
+        return torch.nn.functional.linear(hidden, head.weight), head.vocab_start

@@ -1,0 +1,139 @@
+"""Gumbel-max sampling over a vocabulary split across tensor-parallel ranks, without gathering the logits.
+
+The Gumbel noise is keyed by (seed, position, global vocab id), so each rank can take the max of
+logits / T + noise over its own shard (`shard_sample`), and one all-gather of three numbers per row
+(best value, its global id, a non-finite flag) lets every rank pick the same winner
+(`combine_shard_picks`: the largest value, ties to the lowest id, as the single-device argmax does).
+For the plain stage only (temperature / greedy): filters, penalties and logprobs need the whole row.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from graphrunner.kernel_checks import check_tensor as _check
+from graphrunner.parallel_state import tp_all_gather, tp_size
+from graphrunner.sampling.gumbel import _BLOCK_V, _gumbel, _row_keys, gumbel_noise_ref
+
+
+def _check_shard(logits: Tensor, vocab_start: int, vocab_size: int, idx_mapping: Tensor, temperature: Tensor,
+                 seeds: Tensor, num_tokens: Tensor) -> None:
+    _check(logits, "logits", (torch.float32, torch.bfloat16, torch.float16), 2, logits.device)
+    dev = logits.device
+    _check(idx_mapping, "idx_mapping", torch.int32, 1, dev)
+    _check(temperature, "temperature", torch.float32, 1, dev)
+    _check(seeds, "seeds", torch.int64, 1, dev)
+    _check(num_tokens, "num_tokens", torch.int32, 1, dev)
+    if idx_mapping.shape[0] != logits.shape[0]:
+        raise ValueError(f"idx_mapping has {idx_mapping.shape[0]} entries, logits has {logits.shape[0]} rows")
+    if not 0 <= vocab_start < vocab_size:
+        raise ValueError(f"vocab_start {vocab_start} is not inside the vocabulary [0, {vocab_size})")
+    if seeds.shape[0] != temperature.shape[0] or num_tokens.shape[0] != temperature.shape[0]:
+        raise ValueError("per-row tables temperature, seeds and num_tokens differ in length")
+
+
+def shard_sample_ref(
+    logits: Tensor,  # [B, S] this rank's vocabulary rows [vocab_start, vocab_start + S); ids >= vocab_size are padding
+    vocab_start: int,
+    vocab_size: int,
+    idx_mapping: Tensor,  # [B] int32
+    temperature: Tensor,  # [R] float32, 0 = greedy
+    seeds: Tensor,  # [R] int64
+    num_tokens: Tensor,  # [R] int32, RNG position key
+) -> tuple[Tensor, Tensor]:  # best value [B] float32, its global id [B] int32
+    """PyTorch reference of shard_sample: the shard's max of logits / T + noise(global id) (logits if greedy)."""
+    _check_shard(logits, vocab_start, vocab_size, idx_mapping, temperature, seeds, num_tokens)
+    valid = min(logits.shape[1], vocab_size - vocab_start)
+    rows = idx_mapping.long()
+    temp = temperature[rows]  # [B] float32
+    greedy = temp == 0.0
+    temp = torch.where(greedy, torch.ones_like(temp), temp)
+    x = logits[:, :valid].float()  # [B, valid]
+    noise = gumbel_noise_ref(seeds[rows], num_tokens[rows].long(), vocab_start + valid)[:, vocab_start:]
+    val = torch.where(greedy[:, None], x, x / temp[:, None] + noise)
+    best, arg = val.max(dim=-1)  # first max on ties
+    return best, (arg + vocab_start).to(torch.int32)
+
+
+@triton.jit
+def _shard_sample_kernel(
+    logits_ptr,  # [B, S]
+    stride_b,
+    stride_v,
+    idx_mapping_ptr,  # [B] int32
+    temperature_ptr,  # [R] float32
+    seeds_ptr,  # [R] int64
+    num_tokens_ptr,  # [R] int32
+    best_ptr,  # [B] float32
+    best_id_ptr,  # [B] int32
+    vocab_start,
+    valid,  # vocabulary entries of this shard (padding excluded)
+    BLOCK_V: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    row = tl.load(idx_mapping_ptr + pid).to(tl.int64)
+    temp = tl.load(temperature_ptr + row)
+    greedy = temp == 0.0
+    temp = tl.where(greedy, 1.0, temp)
+    k1, k2 = _row_keys(tl.load(seeds_ptr + row), tl.load(num_tokens_ptr + row).to(tl.int64))
+    row_ptr = logits_ptr + pid.to(tl.int64) * stride_b
+    best_val = tl.full((), float("-inf"), tl.float32)
+    best_idx = tl.full((), 0, tl.int32)
+    for v0 in range(0, valid, BLOCK_V):
+        offs = v0 + tl.arange(0, BLOCK_V)
+        m = offs < valid
+        x = tl.load(row_ptr + offs.to(tl.int64) * stride_v, mask=m, other=float("-inf")).to(tl.float32)
+        val = tl.where(greedy, x, x / temp + _gumbel(offs + vocab_start, k1, k2))
+        val = tl.where(m, val, float("-inf"))
+        blk_max = tl.max(val, axis=0)
+        blk_idx = tl.argmax(val, axis=0).to(tl.int32) + v0
+        better = blk_max > best_val  # strict: the earlier block keeps ties (lowest index wins)
+        best_val = tl.where(better, blk_max, best_val)
+        best_idx = tl.where(better, blk_idx, best_idx)
+    tl.store(best_ptr + pid, best_val)
+    tl.store(best_id_ptr + pid, best_idx + vocab_start)
+
+
+def shard_sample_triton(logits: Tensor, vocab_start: int, vocab_size: int, idx_mapping: Tensor, temperature: Tensor,
+                        seeds: Tensor, num_tokens: Tensor) -> tuple[Tensor, Tensor]:
+    """Triton version of shard_sample_ref: one program per row, a running (max, index) over the shard."""
+    _check_shard(logits, vocab_start, vocab_size, idx_mapping, temperature, seeds, num_tokens)
+    num_reqs = logits.shape[0]
+    valid = min(logits.shape[1], vocab_size - vocab_start)
+    best = torch.empty(num_reqs, dtype=torch.float32, device=logits.device)  # [B] float32
+    best_id = torch.empty(num_reqs, dtype=torch.int32, device=logits.device)  # [B] int32
+    if num_reqs == 0:
+        return best, best_id
+    block_v = min(_BLOCK_V, triton.next_power_of_2(valid))
+    num_warps = max(4, min(16, block_v // 256))
+    _shard_sample_kernel[(num_reqs,)](
+        logits, logits.stride(0), logits.stride(1), idx_mapping.contiguous(), temperature.contiguous(),
+        seeds.contiguous(), num_tokens.contiguous(), best, best_id, vocab_start, valid, BLOCK_V=block_v,
+        num_warps=num_warps,
+    )
+    return best, best_id
+
+
+def combine_shard_picks(picks: Tensor) -> tuple[Tensor, Tensor]:
+    """picks [B, W, 3] float32 (per rank, in rank order: best value, global id, non-finite flag) ->
+    (token [B] int32, nonfinite [B] bool): the largest value, on ties the lowest rank (so the lowest id)."""
+    winner = picks[:, :, 0].argmax(dim=-1, keepdim=True)  # [B, 1]: first max
+    token = picks[:, :, 1].gather(1, winner).squeeze(1).to(torch.int32)
+    return token, picks[:, :, 2].amax(dim=-1) > 0
+
+
+def sample_vocab_parallel(logits: Tensor, vocab_start: int, vocab_size: int, idx_mapping: Tensor,
+                          temperature: Tensor, seeds: Tensor, num_tokens: Tensor,
+                          use_triton: bool) -> tuple[Tensor, Tensor]:
+    """The token every rank agrees on (and the row's non-finite flag) from this rank's logits shard [B, S];
+    one all-gather of [B, 3] float32 (ids are exact in float32 below 2**24)."""
+    fn = shard_sample_triton if use_triton else shard_sample_ref
+    best, best_id = fn(logits, vocab_start, vocab_size, idx_mapping, temperature, seeds, num_tokens)
+    valid = min(logits.shape[1], vocab_size - vocab_start)
+    nonfinite = ~torch.isfinite(logits[:, :valid]).all(dim=-1)  # [B] bool
+    mine = torch.stack([best, best_id.float(), nonfinite.float()], dim=-1)  # [B, 3]
+    gathered = tp_all_gather(mine).view(mine.shape[0], tp_size(), 3)  # [B, W, 3]
+    return combine_shard_picks(gathered)
