@@ -6,6 +6,7 @@ divergence each side's token is in the other's top-5. Prints (and writes) JSON w
 batch-1 decode per TP size. The model is written straight from random GPU tensors (no HF init; ~1 min for 8B).
 
     python tools/bench_tp.py --out /tmp/qwen3-8b-random --tp-sizes 1,2
+    python tools/bench_tp.py --tp-sizes 1; python tools/bench_tp.py --tp-sizes 1,2 --reuse   # over 2 calls
     python tools/bench_tp.py --layers 2 --hidden 256 --intermediate 512 --heads 4 --kv-heads 2 --vocab 1000 \\
         --device cpu --out /tmp/tiny-tp    # CPU smoke test (gloo)
 """
@@ -57,8 +58,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.85)
     p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument("--enable-prefix-caching", action="store_true",
+                   help="off by default: the L1 runs repeat one prompt, and TTFT should time its prefill")
     p.add_argument("--hbm-tb-s", type=float, default=4.8, help="HBM bandwidth per GPU for the floor (H200: 4.8)")
     p.add_argument("--json", default="bench_tp.json", help="where to write the report")
+    p.add_argument("--reuse", action="store_true",
+                   help="take a TP size's results from an earlier run's bench_tp.tpN.json when there is one (to split "
+                        "the work over several calls: --tp-sizes 1, then --tp-sizes 1,2 --reuse)")
     p.add_argument("--child", type=int, default=0, help=argparse.SUPPRESS)  # internal: run one TP size
     p.add_argument("--child-json", default="", help=argparse.SUPPRESS)
     return p.parse_args(argv)
@@ -160,7 +166,7 @@ def run_child(args: argparse.Namespace) -> None:
     llm = LLM(model=args.out, tensor_parallel_size=args.child, device=str(device), max_model_len=args.max_model_len,
               max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
               gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager,
-              skip_tokenizer_init=True, seed=args.seed)
+              skip_tokenizer_init=True, seed=args.seed, enable_prefix_caching=args.enable_prefix_caching)
     result: dict[str, Any] = {"tp": args.child, "startup_s": time.perf_counter() - t0}
     if args.check_prompts:
         params = SamplingParams(temperature=0.0, max_tokens=args.check_tokens, ignore_eos=True, logprobs=5,
@@ -246,6 +252,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     runs = []
     for tp in [int(x) for x in args.tp_sizes.split(",") if x.strip()]:
         child_json = Path(args.json).with_suffix(f".tp{tp}.json")
+        if args.reuse and child_json.is_file():
+            runs.append(json.loads(child_json.read_text()) | {"reused": str(child_json)})
+            continue
         cmd = [sys.executable, __file__, *(argv if argv is not None else sys.argv[1:]), "--child", str(tp),
                "--child-json", str(child_json)]
         print(f"TP={tp}: {' '.join(cmd)}", flush=True)
@@ -265,8 +274,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     tpot = {r["tp"]: r["tpot_ms"] for r in good}
     if 1 in tpot:
         report["tpot_speedup_vs_tp1"] = {f"tp{tp}": tpot[1] / t for tp, t in tpot.items() if tp != 1}
-    if args.check_prompts and good:
-        report["greedy_check"] = hf_check(args, good, device)
+    checked = [r for r in good if "greedy" in r]
+    if args.check_prompts and checked:
+        report["greedy_check"] = hf_check(args, checked, device)
     text = json.dumps(report, indent=1, default=str)
     Path(args.json).write_text(text)
     print(text)
