@@ -173,7 +173,7 @@ class _WatchedOutput:
 
     def result(self) -> StepOutput:
         while not self._inner.ready():
-            if self._workers.note_death() is not None:
+            if self._workers.dead is not None:  # set by the watcher thread the moment a worker exits
                 raise WorkerDied(self._workers.dead)
             time.sleep(0)  # let other threads (the async front end) run while the device works
         return self._inner.result()
