@@ -1,7 +1,8 @@
 """The host plan rank 0 ships to the other tensor-parallel ranks each step: a SchedulerOutput made small.
 
-A request travels whole only when its row is (re)initialised (`is_new`); afterwards a step names it by its row
-and carries the one count the runner reads from it that changes (tokens generated so far). Workers keep the
+Counts travel as flat int32 arrays. A request travels whole only when its row is (re)initialised (`is_new`);
+afterwards a step names it by its row and carries the one count the runner reads from it that changes (tokens
+generated so far). Workers keep the
 request last sent for each row (`RowMirror`) and rebuild the SchedulerOutput the runner expects from it.
 """
 
@@ -9,26 +10,14 @@ from __future__ import annotations
 
 import copy
 import pickle
-from dataclasses import dataclass
+from array import array
 
 from graphrunner.request import Request
 from graphrunner.scheduler import ScheduledRequest, SchedulerOutput
 
-
-@dataclass(frozen=True)
-class PlanEntry:
-    """One ScheduledRequest on the wire."""
-
-    row: int
-    num_tokens: int
-    is_new: bool
-    new_block_ids: tuple[int, ...]
-    first_new_block: int
-    seq_len: int
-    samples: bool
-    num_cached: int
-    num_generated: int          # request.num_generated on rank 0 at launch
-    request: Request | None     # the request itself when is_new (host-only bookkeeping stripped), else None
+# per scheduled request: row, num_tokens, first_new_block, seq_len, num_cached, num_generated, flags, new blocks
+_FIELDS = 8
+_IS_NEW, _SAMPLES = 1, 2
 
 
 def _slim(req: Request) -> Request:
@@ -42,11 +31,19 @@ def _slim(req: Request) -> Request:
 
 
 def encode_plan(sched: SchedulerOutput) -> bytes:
-    """The step's plan as bytes (pickled now: rank 0 mutates its requests after the launch)."""
-    entries = [PlanEntry(s.row, s.num_tokens, s.is_new, tuple(s.new_block_ids), s.first_new_block, s.seq_len,
-                         s.samples, s.num_cached, s.request.num_generated, _slim(s.request) if s.is_new else None)
-               for s in sched.scheduled]
-    return pickle.dumps(entries, protocol=pickle.HIGHEST_PROTOCOL)
+    """The step's plan as bytes (pickled now: rank 0 mutates its requests after the launch). Counts travel as
+    flat integer arrays, new blocks as one flat array, and only newly (re)admitted requests as objects."""
+    scheduled = sched.scheduled
+    ints = array("i")
+    blocks = array("i")
+    new: list[tuple[int, Request]] = []
+    for i, s in enumerate(scheduled):
+        ints.extend((s.row, s.num_tokens, s.first_new_block, s.seq_len, s.num_cached, s.request.num_generated,
+                     (_IS_NEW if s.is_new else 0) | (_SAMPLES if s.samples else 0), len(s.new_block_ids)))
+        blocks.extend(s.new_block_ids)
+        if s.is_new:
+            new.append((i, _slim(s.request)))
+    return pickle.dumps((ints.tobytes(), blocks.tobytes(), new), protocol=pickle.HIGHEST_PROTOCOL)
 
 
 STOP = pickle.dumps(None)  # tells a worker to leave its loop
@@ -60,18 +57,27 @@ class RowMirror:
 
     def decode(self, data: bytes) -> SchedulerOutput | None:
         """The SchedulerOutput of a plan (None for STOP)."""
-        entries: list[PlanEntry] | None = pickle.loads(data)
-        if entries is None:
+        payload = pickle.loads(data)
+        if payload is None:
             return None
+        ints_bytes, blocks_bytes, new = payload
+        ints, blocks = array("i"), array("i")
+        ints.frombytes(ints_bytes)
+        blocks.frombytes(blocks_bytes)
+        fresh = dict(new)
         scheduled = []
-        for e in entries:
-            if e.request is not None:
-                self._rows[e.row] = e.request
-            req = self._rows.get(e.row)
+        at = 0
+        for i in range(len(ints) // _FIELDS):
+            row, num_tokens, first_block, seq_len, num_cached, num_generated, flags, num_blocks = \
+                ints[i * _FIELDS:(i + 1) * _FIELDS]
+            if i in fresh:
+                self._rows[row] = fresh[i]
+            req = self._rows.get(row)
             if req is None:
-                raise RuntimeError(f"tensor-parallel plan names row {e.row}, which was never admitted on this rank")
+                raise RuntimeError(f"tensor-parallel plan names row {row}, which was never admitted on this rank")
             # in flight = generated minus known: the runner reads only num_generated, which this restores
-            req.num_inflight = e.num_generated - len(req.output_token_ids)
-            scheduled.append(ScheduledRequest(req, e.row, e.num_tokens, e.is_new, list(e.new_block_ids),
-                                              e.first_new_block, e.seq_len, e.samples, e.num_cached))
+            req.num_inflight = num_generated - len(req.output_token_ids)
+            scheduled.append(ScheduledRequest(req, row, num_tokens, bool(flags & _IS_NEW), list(blocks[at:at + num_blocks]),
+                                              first_block, seq_len, bool(flags & _SAMPLES), num_cached))
+            at += num_blocks
         return SchedulerOutput(scheduled)

@@ -193,5 +193,15 @@ def test_plan_round_trip_rebuilds_the_runner_view() -> None:
     req.num_inflight = 1
     later = mirror.decode(encode_plan(SchedulerOutput([ScheduledRequest(req, 2, 1, False, [], 2, 6, True, 0)])))
     assert later is not None and later.scheduled[0].request.num_generated == req.num_generated == 4
+    # several requests, new and old, each with its own new blocks
+    other = _request("b", [1], [], 0)
+    mixed = SchedulerOutput([ScheduledRequest(req, 2, 1, False, [9], 2, 7, True, 0),
+                             ScheduledRequest(other, 4, 1, True, [11, 12, 13], 0, 1, False, 0),
+                             ScheduledRequest(req, 2, 0, False, [], 3, 7, False, 0)])
+    got = mirror.decode(encode_plan(mixed))
+    assert got is not None
+    assert [(s.row, s.is_new, s.new_block_ids, s.first_new_block, s.samples, s.request.request_id)
+            for s in got.scheduled] == [(2, False, [9], 2, True, "a"), (4, True, [11, 12, 13], 0, False, "b"),
+                                        (2, False, [], 3, False, "a")]
     with pytest.raises(RuntimeError, match="row 5, which was never admitted"):
         RowMirror().decode(encode_plan(SchedulerOutput([ScheduledRequest(req, 5, 1, False, [], 0, 6, True, 0)])))
