@@ -145,6 +145,14 @@ class _Workers:
                     break
             return self.dead
 
+    def death_after_error(self, grace_s: float = 2.0) -> str | None:
+        """After a collective failed: the dead worker's reason, waiting briefly, since a killed peer's sockets
+        close a moment before its exit can be collected."""
+        deadline = time.monotonic() + grace_s
+        while self.note_death() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return self.dead
+
     def close(self) -> None:
         self.closing = True
         for conn in self.conns:
@@ -211,13 +219,12 @@ class TensorParallelExecutor:
                 try:
                     kind, payload = conn.recv()
                 except EOFError:
-                    time.sleep(0.5)  # its exit code lands a moment after the pipe closes
-                    raise WorkerDied(self._workers.note_death() or f"tensor-parallel worker rank {rank} "
+                    raise WorkerDied(self._workers.death_after_error() or f"tensor-parallel worker rank {rank} "
                                      f"closed its pipe while starting") from None
                 if kind != "ready" or payload != self.num_blocks:
                     raise WorkerDied(f"tensor-parallel worker rank {rank} did not start: {kind} {payload}")
         except BaseException as exc:
-            reason = self._workers.note_death()
+            reason = self._workers.death_after_error()
             self.shutdown()
             if reason is not None and isinstance(exc, Exception):
                 raise WorkerDied(reason) from exc
@@ -245,7 +252,7 @@ class TensorParallelExecutor:
             out = self.runner.execute(sched)
         except BaseException as exc:
             # the ranks may now disagree about the state table: nothing more can run on this engine
-            dead = self._workers.note_death()
+            dead = self._workers.death_after_error()
             self._failed = (dead or f"a step failed on rank 0 ({type(exc).__name__}: {exc}), leaving the "
                             f"tensor-parallel ranks out of step") + "; create a new engine"
             self.shutdown()
