@@ -276,7 +276,8 @@ class TensorParallelExecutor:
         return getattr(self.runner, name)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name in ("runner", "num_blocks") or name.startswith("_") or "runner" not in self.__dict__:
+        own = hasattr(type(self), name) or name in ("runner", "num_blocks") or name.startswith("_")
+        if own or "runner" not in self.__dict__:  # (e.g. a wrapped execute: the executor's, around rank 0's)
             object.__setattr__(self, name, value)
         else:  # e.g. a test swapping a runner method: it is rank 0's runner that runs
             setattr(self.runner, name, value)

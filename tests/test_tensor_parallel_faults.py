@@ -51,7 +51,10 @@ def test_a_killed_worker_ends_the_engine_with_a_clear_error(model_dir: Path, mon
     # the process group was left: a new tensor-parallel engine starts and serves
     again = LLM(model=model_dir, tensor_parallel_size=2, **ENGINE)
     try:
+        launch, launches = again.engine.runner.execute, []
+        again.engine.runner.execute = lambda sched: launches.append(sched) or launch(sched)  # wraps the executor's
         assert [o.outputs[0].token_ids for o in again.generate([[1, 2, 3]], GREEDY, use_tqdm=False)] == expected
+        assert len(launches) >= GREEDY.max_tokens
     finally:
         again.engine.shutdown()
     assert all(not _alive(p) for p in (pid, *again.engine.runner.worker_pids))
