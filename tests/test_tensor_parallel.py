@@ -61,7 +61,12 @@ def _run(llm: LLM) -> dict[str, Any]:
     greedy = llm.generate(_prompts(), _greedy(), use_tqdm=False)
     sampled = llm.generate(_prompts(), _sampled(), use_tqdm=False)
     plain = llm.generate(_prompts(), _plain(), use_tqdm=False)
+    several = llm.generate(_prompts()[3:5], SamplingParams(n=2, temperature=0.8, seed=5, max_tokens=8, ignore_eos=True,
+                                                           prompt_logprobs=1), use_tqdm=False)
     return {
+        "several": [[list(c.token_ids) for c in o.outputs] for o in several],
+        "prompt_logprobs": [[None if p is None else {t: round(lp.logprob, 4) for t, lp in p.items()}
+                             for p in o.prompt_logprobs] for o in several],
         "greedy": [list(o.outputs[0].token_ids) for o in greedy],
         "logprobs": [o.outputs[0].logprobs for o in greedy],
         "sampled": [list(o.outputs[0].token_ids) for o in sampled],
@@ -98,6 +103,17 @@ def test_plain_batches_sampled_per_shard_equal_one_rank(case: tuple[dict, dict])
     one, two = case
     assert two["plain"] == one["plain"]
     assert one["plain"][0] == one["greedy"][0] and one["plain"][1] != one["greedy"][1]  # greedy, and sampled
+
+
+def test_n_completions_and_prompt_logprobs_equal_one_rank(case: tuple[dict, dict]) -> None:
+    one, two = case
+    assert two["several"] == one["several"] and all(a != b for a, b in one["several"])
+    for lp_one, lp_two in zip(one["prompt_logprobs"], two["prompt_logprobs"], strict=True):
+        assert len(lp_one) == len(lp_two) > 30
+        for a, b in zip(lp_one, lp_two, strict=True):
+            assert (a is None) == (b is None)
+            if a is not None:
+                assert a.keys() == b.keys() and all(abs(a[t] - b[t]) < 1e-3 for t in a)
 
 
 def test_logprobs_equal_one_rank(case: tuple[dict, dict]) -> None:
