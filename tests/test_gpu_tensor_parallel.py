@@ -38,15 +38,21 @@ def _prompts() -> list[dict[str, list[int]]]:
     return [{"prompt_token_ids": [rng.randrange(400) for _ in range(n)]} for n in (1, 5, 17, 33, 64, 100, 130, 250)]
 
 
-def _params() -> list[SamplingParams]:
-    greedy = [SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True) for _ in range(4)]
-    seeded = [SamplingParams(temperature=0.8, top_p=0.9, max_tokens=NEW_TOKENS, ignore_eos=True, seed=i)
-              for i in range(4)]
-    return greedy + seeded
+def _plain() -> list[SamplingParams]:
+    """Greedy and temperature-only: FULL graphs, each rank sampling its vocabulary shard."""
+    return [SamplingParams(temperature=[0.0, 0.8][i % 2], max_tokens=NEW_TOKENS, ignore_eos=True, seed=i)
+            for i in range(8)]
+
+
+def _filtered() -> list[SamplingParams]:
+    """top-p and logprobs: PIECEWISE decodes with the logits gathered."""
+    return [SamplingParams(temperature=0.8, top_p=0.9, max_tokens=NEW_TOKENS, ignore_eos=True, seed=i, logprobs=2)
+            for i in range(8)]
 
 
 def _tokens(llm: LLM) -> list[list[int]]:
-    return [list(o.outputs[0].token_ids) for o in llm.generate(_prompts(), _params(), use_tqdm=False)]
+    return [list(o.outputs[0].token_ids) for params in (_plain(), _filtered())
+            for o in llm.generate(_prompts(), params, use_tqdm=False)]
 
 
 @pytest.mark.parametrize("arch", sorted(ARCHS))
