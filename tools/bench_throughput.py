@@ -8,6 +8,7 @@ first --peer-requests requests. Example: python tools/bench_throughput.py --mode
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from typing import Any
@@ -108,13 +109,17 @@ def run_ours(args: argparse.Namespace, prompts: list[list[int]], device: torch.d
         n_out = len(prompts) * args.output_len
         for i in range(max(1, args.runs)):
             for detok in modes:
+                llm.reset_prefix_cache()  # every run is T1 from scratch: no prompt is a cache hit
                 timer.reset()
+                kernels = _triton_cache_entries()
                 seconds = timed(lambda d=detok: ours_generate(llm, prompts, args.output_len, args.temperature, d),
                                 device)
                 steps = timer.summary()
+                steps["new_triton_kernels"] = _triton_cache_entries() - kernels  # compiled during the run
                 runs[detok].append({"wall_s": seconds, "tok_s": n_out / seconds, "steps": steps})
                 print(f"  {OURS} run {i + 1} detokenize={detok}: {n_out / seconds:.1f} output tok/s "
-                      f"(wall {seconds:.2f} s); {describe(steps)}", flush=True)
+                      f"(wall {seconds:.2f} s); {describe(steps)}; {steps['new_triton_kernels']} Triton kernels compiled",
+                      flush=True)
         timer.close()
         main_mode = modes[0]
         tok_s = statistics.median(r["tok_s"] for r in runs[main_mode])
@@ -128,6 +133,12 @@ def run_ours(args: argparse.Namespace, prompts: list[list[int]], device: torch.d
 
     report.section(OURS, body)
     reset_compiled_state()
+
+
+def _triton_cache_entries() -> int:
+    """Kernels in Triton's on-disk cache: a run that adds some compiled them mid-run (a warm-up effect)."""
+    root = os.environ.get("TRITON_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".triton", "cache")
+    return len(os.listdir(root)) if os.path.isdir(root) else 0
 
 
 def fill_rows(args: argparse.Namespace, report: Report, results: dict[str, Any]) -> None:
