@@ -47,6 +47,11 @@ class _Stream:
             pass
 
 
+def _put_all(items: list[tuple[asyncio.Queue[Any], Any]]) -> None:
+    for queue, item in items:
+        queue.put_nowait(item)
+
+
 @dataclass
 class _Add:
     prompt: Any
@@ -151,6 +156,10 @@ class AsyncLLM:
             await asyncio.wrap_future(future)
             while True:
                 item = await stream.queue.get()
+                # Outputs are cumulative: a consumer that fell behind (a loaded server) needs only the newest,
+                # so its per-output work (SSE chunks, JSON) shrinks exactly when it would stall the engine loop.
+                while not isinstance(item, BaseException) and not item.finished and not stream.queue.empty():
+                    item = stream.queue.get_nowait()
                 if isinstance(item, BaseException):
                     finished = True
                     raise item
@@ -258,10 +267,17 @@ class AsyncLLM:
                             "retry later")
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
+        """Hand a step's outputs to their streams: one wake-up per event loop, not one per output."""
+        batches: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue[Any], RequestOutput]]] = {}
         for out in outputs:
             stream = self._streams.pop(out.request_id, None) if out.finished else self._streams.get(out.request_id)
             if stream is not None:
-                stream.put(out)
+                batches.setdefault(stream.loop, []).append((stream.queue, out))
+        for loop, items in batches.items():
+            try:
+                loop.call_soon_threadsafe(_put_all, items)
+            except RuntimeError:  # the caller's event loop is closed: nobody listens any more
+                pass
 
     def _abort_everything(self) -> None:
         for rid in list(self._streams):

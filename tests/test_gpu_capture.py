@@ -167,9 +167,10 @@ def test_graph_step_loop_never_synchronises(model_dir: Path) -> None:
     assert counts.get(StepMode.FULL, 0) > 0 and counts.get(StepMode.PIECEWISE, 0) > 0, counts
 
 
-def test_cache_hit_suffix_runs_one_mixed_graph_with_split_kv(model_dir: Path) -> None:
+def test_cache_hit_suffix_runs_one_mixed_graph_with_split_kv(tmp_path: Path) -> None:
     """A short suffix over a long cached prefix (the prefix-cache hit of BENCHMARKS.md P1, scaled down) runs as
     one mixed FULL replay whose attention splits the long context, and gives the eager engine's tokens."""
+    model_dir = make_tiny_model(tmp_path, "Qwen3ForCausalLM", max_position_embeddings=4096)
     kw = {"dtype": "float32", "max_model_len": 2048, "device": "cuda", "max_num_seqs": 8}
     eager = LLM(model=model_dir, enforce_eager=True, **kw)
     full = LLM(model=model_dir, **kw)
