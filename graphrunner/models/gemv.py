@@ -1,0 +1,202 @@
+"""Small-M linear for decode: y = x @ W^T (+ b) with x [M <= 8, K] and W [N, K] in bf16/fp16, reading W once.
+
+Programs tile N (and split K when N alone leaves SMs idle); a split-K run writes float32 partials that a second
+kernel sums in a fixed order (no atomics, so graphs == eager bit for bit). Exposed as the torch custom op
+`graphrunner::small_m_linear`, which falls back to F.linear for larger M, so torch.compile sees one opaque call.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from graphrunner.kernel_checks import check_tensor
+
+MAX_M = 8  # token counts above this go to cuBLAS
+_DTYPES = (torch.bfloat16, torch.float16)
+
+
+@dataclass(frozen=True)
+class GemvConfig:
+    """Launch shape of one small-M linear; bench_kernels.py sweeps these."""
+
+    block_n: int  # output features per program
+    block_k: int  # K elements per loop iteration (8 bf16 = one 128-bit load per thread and row)
+    split_k: int  # programs sharing one N tile, each over K / split_k
+    num_warps: int = 4
+    num_stages: int = 3
+    use_dot: bool = True  # tl.dot on x padded to 16 rows (tensor cores) vs a broadcast-multiply-reduce
+
+    def __post_init__(self) -> None:
+        for name in ("block_n", "block_k"):
+            v = getattr(self, name)
+            if v < 16 or v & (v - 1):
+                raise ValueError(f"{name} must be a power of two >= 16, got {v}")
+        if self.split_k < 1:
+            raise ValueError(f"split_k must be >= 1, got {self.split_k}")
+
+
+@functools.cache
+def _num_sms(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+
+
+def default_config(m: int, n: int, k: int, device: torch.device) -> GemvConfig:
+    """Enough programs for every SM a few times over, each streaming >= 256 K elements per W row it owns."""
+    sms = _num_sms(device)
+    block_n = 64 if n >= 64 * 4 * sms else 32 if n >= 32 * 2 * sms else 16
+    block_k = 256 if k >= 256 else max(16, triton.next_power_of_2(k))
+    tiles = triton.cdiv(n, block_n)
+    split_k = 1
+    while tiles * split_k < 2 * sms and k // (split_k * 2) >= 2 * block_k:
+        split_k *= 2
+    return GemvConfig(block_n, block_k, split_k, num_warps=4, use_dot=m > 1)
+
+
+@triton.jit
+def _gemv_kernel(
+    x_ptr,  # [M, K] bf16/fp16, unit stride along K
+    w_ptr,  # [N, K] bf16/fp16, unit stride along K
+    b_ptr,  # [N] or unused
+    out_ptr,  # [M, N] (SPLIT_K == 1)
+    part_ptr,  # [SPLIT_K, M, N] float32 (SPLIT_K > 1)
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_wn,
+    stride_om,
+    k_per_split,  # a multiple of BLOCK_K
+    M_PAD: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    USE_DOT: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    offs_m = tl.arange(0, M_PAD)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_mask = offs_m < M
+    n_mask = offs_n < N
+    k_start = pid_k * k_per_split
+    k_end = tl.minimum(k_start + k_per_split, K)
+    x_rows = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm  # [M_PAD, 1]
+    w_rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn  # [BLOCK_N, 1]
+    acc = tl.zeros((M_PAD, BLOCK_N), dtype=tl.float32)
+    for k0 in range(k_start, k_end, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        k_mask = offs_k < k_end
+        x = tl.load(x_rows + offs_k[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)  # [M_PAD, BK]
+        w = tl.load(w_rows + offs_k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)  # [BN, BK]
+        if USE_DOT:
+            acc += tl.dot(x, tl.trans(w))
+        else:
+            acc += tl.sum(x[:, None, :].to(tl.float32) * w[None, :, :].to(tl.float32), axis=2)
+    mask = m_mask[:, None] & n_mask[None, :]
+    if SPLIT_K == 1:
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+        out = out_ptr + offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :]
+        tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mask)
+    else:
+        part = part_ptr + (pid_k * M + offs_m[:, None]).to(tl.int64) * N + offs_n[None, :]
+        tl.store(part, acc, mask=mask)
+
+
+@triton.jit
+def _split_k_reduce_kernel(
+    part_ptr,  # [SPLIT_K, M, N] float32
+    b_ptr,  # [N] or unused
+    out_ptr,  # [M, N]
+    M,
+    N,
+    stride_om,
+    SPLIT_K: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    m = tl.program_id(1)
+    offs_n = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    n_mask = offs_n < N
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for s in tl.static_range(SPLIT_K):  # a fixed order: the same bits every run
+        acc += tl.load(part_ptr + (s * M + m).to(tl.int64) * N + offs_n, mask=n_mask, other=0.0)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + m.to(tl.int64) * stride_om + offs_n, acc.to(out_ptr.dtype.element_ty), mask=n_mask)
+
+
+def _check(x: Tensor, weight: Tensor, bias: Tensor | None) -> None:
+    check_tensor(x, "x", _DTYPES, 2, None)
+    check_tensor(weight, "weight", x.dtype, 2, x.device)
+    if bias is not None:
+        check_tensor(bias, "bias", x.dtype, 1, x.device)
+        if bias.shape[0] != weight.shape[0]:
+            raise ValueError(f"bias has {bias.shape[0]} entries, weight has {weight.shape[0]} rows")
+    if x.shape[1] != weight.shape[1]:
+        raise ValueError(f"x [M, {x.shape[1]}] and weight [N, {weight.shape[1]}] disagree on K")
+    if x.shape[0] > MAX_M:
+        raise ValueError(f"gemv_triton takes at most {MAX_M} rows, got {x.shape[0]}")
+
+
+def gemv_ref(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:  # [M, N]
+    """PyTorch reference: float32 accumulation of x [M, K] @ weight [N, K]^T (+ bias), cast to x's dtype."""
+    _check(x, weight, bias)
+    out = x.float() @ weight.float().t()
+    if bias is not None:
+        out = out + bias.float()
+    return out.to(x.dtype)
+
+
+def gemv_triton(x: Tensor, weight: Tensor, bias: Tensor | None, config: GemvConfig | None = None) -> Tensor:
+    """x [M <= 8, K] @ weight [N, K]^T (+ bias [N]) -> [M, N] in x's dtype, float32 accumulation."""
+    _check(x, weight, bias)
+    m, k = x.shape
+    n = weight.shape[0]
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device)  # [M, N]
+    if m == 0 or n == 0:
+        return out
+    if k == 0:
+        return out.copy_(bias.expand(m, n)) if bias is not None else out.zero_()
+    x = x if x.stride(1) == 1 else x.contiguous()
+    weight = weight if weight.stride(1) == 1 else weight.contiguous()
+    cfg = config or default_config(m, n, k, x.device)
+    k_per_split = triton.cdiv(triton.cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
+    split_k = triton.cdiv(k, k_per_split)  # never an empty split
+    m_pad = 16 if cfg.use_dot else max(1, triton.next_power_of_2(m))
+    part = torch.empty(split_k, m, n, dtype=torch.float32, device=x.device) if split_k > 1 else out
+    bias_arg = bias if bias is not None else out  # unused when HAS_BIAS is off
+    _gemv_kernel[(triton.cdiv(n, cfg.block_n), split_k)](
+        x, weight, bias_arg, out, part, m, n, k, x.stride(0), weight.stride(0), out.stride(0), k_per_split,
+        M_PAD=m_pad, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split_k, HAS_BIAS=bias is not None,
+        USE_DOT=cfg.use_dot, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    if split_k > 1:
+        block = 1024
+        _split_k_reduce_kernel[(triton.cdiv(n, block), m)](
+            part, bias_arg, out, m, n, out.stride(0), SPLIT_K=split_k, HAS_BIAS=bias is not None, BLOCK=block,
+            num_warps=4,
+        )
+    return out
+
+
+@torch.library.custom_op("graphrunner::small_m_linear", mutates_args=())
+def small_m_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """x [M, K] -> [M, N]: the Triton GEMV when M <= MAX_M (decided at run time, so one traced graph serves
+    every token count), else F.linear (cuBLAS)."""
+    if x.shape[0] > MAX_M or x.dtype not in _DTYPES:
+        return F.linear(x, weight, bias)
+    return gemv_triton(x, weight, bias)
+
+
+@small_m_linear.register_fake
+def _(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    return x.new_empty(x.shape[0], weight.shape[0])
