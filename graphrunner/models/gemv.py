@@ -64,8 +64,8 @@ def _gemv_kernel(
     x_ptr,  # [M, K] bf16/fp16, unit stride along K
     w_ptr,  # [N, K] bf16/fp16, unit stride along K
     b_ptr,  # [N] or unused
-    out_ptr,  # [M, N] (SPLIT_K == 1)
-    part_ptr,  # [SPLIT_K, M, N] float32 (SPLIT_K > 1)
+    out_ptr,  # [M, N] (not WRITE_PARTIAL)
+    part_ptr,  # [split_k, M, N] float32 (WRITE_PARTIAL)
     M,
     N,
     K,
@@ -76,8 +76,8 @@ def _gemv_kernel(
     M_PAD: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
-    SPLIT_K: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
+    WRITE_PARTIAL: tl.constexpr,  # split-K: float32 partials for _split_k_reduce_kernel (not a split count, so
+    HAS_BIAS: tl.constexpr,  # one compiled kernel serves every split)
     USE_DOT: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
@@ -101,7 +101,7 @@ def _gemv_kernel(
         else:
             acc += tl.sum(x[:, None, :].to(tl.float32) * w[None, :, :].to(tl.float32), axis=2)
     mask = m_mask[:, None] & n_mask[None, :]
-    if SPLIT_K == 1:
+    if not WRITE_PARTIAL:
         if HAS_BIAS:
             acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
         out = out_ptr + offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :]
@@ -176,7 +176,7 @@ def gemv_triton(x: Tensor, weight: Tensor, bias: Tensor | None, config: GemvConf
     bias_arg = bias if bias is not None else out  # unused when HAS_BIAS is off
     _gemv_kernel[(triton.cdiv(n, cfg.block_n), split_k)](
         x, weight, bias_arg, out, part, m, n, k, x.stride(0), weight.stride(0), out.stride(0), k_per_split,
-        M_PAD=m_pad, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split_k, HAS_BIAS=bias is not None,
+        M_PAD=m_pad, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, WRITE_PARTIAL=split_k > 1, HAS_BIAS=bias is not None,
         USE_DOT=cfg.use_dot, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if split_k > 1:
