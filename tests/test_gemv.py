@@ -9,13 +9,16 @@ and bf16 goes through the reduce path; on CUDA every combination runs.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
 import triton
 
 from graphrunner.models import gemv, linear
-from graphrunner.models.gemv import GemvConfig, default_config, gemv_ref, gemv_triton
+from graphrunner.models.gemv import GemvConfig, default_config, gemv_ref, gemv_triton, load_tuned_configs, pick_config
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = {torch.bfloat16: {"rtol": 1.6e-2, "atol": 1e-2}, torch.float16: {"rtol": 1e-3, "atol": 1e-3}}
@@ -103,6 +106,22 @@ def test_default_config_is_valid_and_splits_k_only_when_n_is_small(m: int, n: in
     assert cfg.block_k <= k and cfg.split_k * cfg.block_k <= k
     if triton.cdiv(n, cfg.block_n) >= 4 * gemv._num_sms(torch.device(DEVICE)):
         assert cfg.split_k == 1
+
+
+def test_tuned_table_lookup(tmp_path: Path) -> None:
+    path = tmp_path / "gemv_configs.json"
+    cfg = {"block_n": 32, "block_k": 128, "split_k": 2, "num_warps": 4, "num_stages": 3, "use_dot": True}
+    path.write_text(json.dumps([{"M": 4, "N": 100, "K": 300, "config": cfg, "us": 3.0},
+                                {"M": 8, "N": 100, "K": 300, "config": None, "us": 5.0}]))
+    table = load_tuned_configs(path)
+    dev = torch.device(DEVICE)
+    assert pick_config(3, 100, 300, dev, table) == GemvConfig(32, 128, 2)  # the smallest tuned M >= 3
+    assert pick_config(4, 100, 300, dev, table) == GemvConfig(32, 128, 2)
+    assert pick_config(6, 100, 300, dev, table) is None  # cuBLAS won there
+    assert pick_config(2, 100, 301, dev, table) == default_config(2, 100, 301, dev)  # untuned shape
+    path.write_text(json.dumps([{"M": 4, "N": 100}]))
+    with pytest.raises(ValueError, match="bad GEMV config file"):
+        load_tuned_configs(path)
 
 
 def test_custom_op_falls_back_above_max_m_and_passes_opcheck() -> None:

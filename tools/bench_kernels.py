@@ -24,7 +24,7 @@ import bench_common
 import torch
 import torch.nn.functional as F
 
-from graphrunner.models.gemv import GemvConfig, default_config, gemv_triton
+from graphrunner.models.gemv import GemvConfig, default_config, gemv_triton, pick_config
 from graphrunner.sampling import gumbel_split
 from graphrunner.sampling.batch import RequestSampling, SampleEntry, build_sampling_batch
 from graphrunner.sampling.gumbel import sample_rowwise_triton
@@ -135,13 +135,13 @@ def bench_gemv(shapes: dict[str, tuple[int, int]], ms: list[int], device: torch.
             x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
             nbytes = (n * k + m * k + m * n) * 2
             ref = F.linear(x, weights[0])
-            cfg = default_config(m, n, k, device)
+            cfg = pick_config(m, n, k, device) or default_config(m, n, k, device)  # tuned table, else heuristic
             err = (gemv_triton(x, weights[0], None, cfg).float() - ref.float()).abs().max().item()
             torch_us = time_us([lambda w=w, x=x: F.linear(x, w) for w in weights], device, reps)
             gemv_us = time_us([lambda w=w, x=x, c=cfg: gemv_triton(x, w, None, c) for w in weights], device, reps)
             row: dict[str, Any] = {"shape": name, "N": n, "K": k, "M": m, "torch_us": torch_us, "gemv_us": gemv_us,
                                    "torch_GBps": nbytes / (torch_us * 1e3), "gemv_GBps": nbytes / (gemv_us * 1e3),
-                                   "default_config": cfg.__dict__, "max_abs_err_vs_torch": err}
+                                   "config": cfg.__dict__, "max_abs_err_vs_torch": err}
             line = (f"gemv {name:<22} M={m}  torch {torch_us:7.1f} us {row['torch_GBps']:6.0f} GB/s   "
                     f"gemv {gemv_us:7.1f} us {row['gemv_GBps']:6.0f} GB/s   ({torch_us / gemv_us:4.2f}x)")
             if sweep:
@@ -164,6 +164,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=20, help="graph replays per timing (median)")
     ap.add_argument("--sweep", action="store_true", help="also time a grid of GemvConfigs per shape and M")
     ap.add_argument("--shapes", default="", help="only GEMV shapes whose name contains this (e.g. lm_head)")
+    ap.add_argument("--tuned-out", default=None,
+                    help="with --sweep: write the best configs here (commit as graphrunner/models/gemv_configs.json)")
     ap.add_argument("--only", choices=("sampler", "gemv"), default=None)
     ap.add_argument("--quick", action="store_true", help="tiny sizes (a CPU smoke run of the script)")
     ap.add_argument("--json", default="bench_kernels.json")
@@ -178,6 +180,12 @@ def main() -> None:
         result["sampler"] = bench_sampler(batch_sizes, vocab, device, args.reps)
     if args.only in (None, "gemv"):
         result["gemv"] = bench_gemv(shapes, bench_common.parse_int_list(args.ms), device, args.reps, args.sweep)
+    if args.tuned_out and args.sweep:
+        best = [{"M": r["M"], "N": r["N"], "K": r["K"], "us": min(r["best_us"], r["torch_us"]),
+                 "config": r["best_config"] if r["best_us"] < r["torch_us"] else None}  # None: cuBLAS
+                for r in result.get("gemv", [])]
+        Path(args.tuned_out).write_text(json.dumps(best, indent=1))
+        print(f"wrote {len(best)} tuned GEMV configs to {args.tuned_out}")
     Path(args.json).write_text(json.dumps(result, indent=1))
     print(f"wrote {args.json}")
 

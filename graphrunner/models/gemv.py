@@ -8,7 +8,10 @@ kernel sums in a fixed order (no atomics, so graphs == eager bit for bit). Expos
 from __future__ import annotations
 
 import functools
+import json
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -20,6 +23,9 @@ from graphrunner.kernel_checks import check_tensor
 
 MAX_M = 8  # token counts above this go to cuBLAS
 _DTYPES = (torch.bfloat16, torch.float16)
+# Tuned launch shapes written by `tools/bench_kernels.py --sweep --tuned-out FILE`; $GRAPHRUNNER_GEMV_CONFIGS
+# names another file. Shapes missing from it use default_config's heuristic.
+TUNED_CONFIGS_FILE = Path(__file__).with_name("gemv_configs.json")
 
 
 @dataclass(frozen=True)
@@ -42,13 +48,40 @@ class GemvConfig:
             raise ValueError(f"split_k must be >= 1, got {self.split_k}")
 
 
+def load_tuned_configs(path: Path | str) -> dict[tuple[int, int, int], GemvConfig | None]:
+    """{(M, N, K): config, or None where cuBLAS won} from a JSON list of {"M", "N", "K", "config"}."""
+    try:
+        entries = json.loads(Path(path).read_text())
+        return {(int(e["M"]), int(e["N"]), int(e["K"])): None if e["config"] is None else GemvConfig(**e["config"])
+                for e in entries}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"bad GEMV config file {path}: {exc}") from exc
+
+
+@functools.cache
+def tuned_configs() -> dict[tuple[int, int, int], GemvConfig | None]:
+    path = os.environ.get("GRAPHRUNNER_GEMV_CONFIGS") or (TUNED_CONFIGS_FILE if TUNED_CONFIGS_FILE.exists() else None)
+    return load_tuned_configs(path) if path else {}
+
+
+def pick_config(m: int, n: int, k: int, device: torch.device,
+                tuned: dict[tuple[int, int, int], GemvConfig | None] | None = None) -> GemvConfig | None:
+    """The tuned entry of the smallest tuned M >= m for this (N, K) on CUDA (None: cuBLAS is faster there), else
+    default_config's heuristic."""
+    table = tuned if tuned is not None else tuned_configs() if device.type == "cuda" else {}
+    for mm in range(m, MAX_M + 1):
+        if (mm, n, k) in table:
+            return table[(mm, n, k)]
+    return default_config(m, n, k, device)
+
+
 @functools.cache
 def _num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
 
 
 def default_config(m: int, n: int, k: int, device: torch.device) -> GemvConfig:
-    """Enough programs for every SM a few times over, each streaming >= 256 K elements per W row it owns."""
+    """Heuristic: enough programs for every SM a few times over, each streaming >= 2 blocks of K per W row."""
     sms = _num_sms(device)
     block_n = 64 if n >= 64 * 4 * sms else 32 if n >= 32 * 2 * sms else 16
     block_k = 256 if k >= 256 else max(16, triton.next_power_of_2(k))
@@ -168,7 +201,7 @@ def gemv_triton(x: Tensor, weight: Tensor, bias: Tensor | None, config: GemvConf
         return out.copy_(bias.expand(m, n)) if bias is not None else out.zero_()
     x = x if x.stride(1) == 1 else x.contiguous()
     weight = weight if weight.stride(1) == 1 else weight.contiguous()
-    cfg = config or default_config(m, n, k, x.device)
+    cfg = config or pick_config(m, n, k, x.device) or default_config(m, n, k, x.device)
     k_per_split = triton.cdiv(triton.cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
     split_k = triton.cdiv(k, k_per_split)  # never an empty split
     m_pad = 16 if cfg.use_dot else max(1, triton.next_power_of_2(m))
@@ -191,10 +224,11 @@ def gemv_triton(x: Tensor, weight: Tensor, bias: Tensor | None, config: GemvConf
 @torch.library.custom_op("graphrunner::small_m_linear", mutates_args=())
 def small_m_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     """x [M, K] -> [M, N]: the Triton GEMV when M <= MAX_M (decided at run time, so one traced graph serves
-    every token count), else F.linear (cuBLAS)."""
+    every token count), else F.linear (cuBLAS), as it is where the tuned table says cuBLAS wins."""
     if x.shape[0] > MAX_M or x.dtype not in _DTYPES:
         return F.linear(x, weight, bias)
-    return gemv_triton(x, weight, bias)
+    config = pick_config(x.shape[0], weight.shape[0], x.shape[1], x.device)
+    return F.linear(x, weight, bias) if config is None else gemv_triton(x, weight, bias, config)
 
 
 @small_m_linear.register_fake
