@@ -45,6 +45,8 @@ CASES = [  # m, n, k, config (None: default_config)
     (2, 17, 15, GemvConfig(16, 16, 1, use_dot=False)),
     (7, 130, 129, GemvConfig(64, 16, 5)),  # more splits than fit: k_per_split rounds up, no empty split
     (1, 50, 1000, GemvConfig(16, 128, 2, use_dot=False)),
+    (6, 90, 700, GemvConfig(32, 64, 3, serial_reduce=True)),  # the last split of each tile sums in-kernel
+    (1, 40, 513, GemvConfig(16, 64, 4, use_dot=False, serial_reduce=True)),
 ]
 
 
@@ -56,6 +58,15 @@ def test_triton_matches_reference(m: int, n: int, k: int, config: GemvConfig | N
         out = gemv_triton(x, w, b, config)
         assert out.shape == (m, n) and out.dtype == dtype
         torch.testing.assert_close(out, gemv_ref(x, w, b), **TOL[dtype])
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_serial_reduce_equals_reduce_kernel_bit_for_bit(bias: bool) -> None:
+    x, w, b = _data(3, 200, 900, torch.float16, seed=7, bias=bias)
+    two_kernels = gemv_triton(x, w, b, GemvConfig(16, 64, 4))
+    for _ in range(3):  # the counters reset themselves: repeated launches (graph replays) stay right
+        assert torch.equal(gemv_triton(x, w, b, GemvConfig(16, 64, 4, serial_reduce=True)), two_kernels)
+    assert not gemv._counters[x.device].any()
 
 
 def test_strided_inputs() -> None:
@@ -169,3 +180,14 @@ def test_gpu_dispatch_under_compile_and_cuda_graph(dtype: torch.dtype, monkeypat
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(static_out, expected)  # fixed split-K order: the same bits in and out of the graph
+
+
+@pytest.mark.gpu
+def test_gpu_serial_reduce_under_load() -> None:
+    """Many tiles x splits racing on the counters, repeated: every result equals the two-kernel reduction."""
+    x, w, b = _data(8, 4096, 3072, torch.bfloat16, seed=8, bias=True)
+    for block_n, block_k in ((16, 128), (32, 64)):
+        expected = gemv_triton(x, w, b, GemvConfig(block_n, block_k, 8))  # same partials, summed by a 2nd kernel
+        torch.testing.assert_close(expected, gemv_ref(x, w, b), **TOL[torch.bfloat16])
+        for _ in range(200):
+            assert torch.equal(gemv_triton(x, w, b, GemvConfig(block_n, block_k, 8, serial_reduce=True)), expected)

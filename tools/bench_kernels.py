@@ -122,7 +122,9 @@ def _sweep_configs(m: int, k: int) -> list[GemvConfig]:
     for bn, bk, split, dot in itertools.product((16, 32, 64), (64, 128, 256, 512), (1, 2, 4, 8), (True, False)):
         if bk > max(64, k) or split * bk > k or (not dot and (m > 1 or bn * bk > 16384)):
             continue
-        out.append(GemvConfig(bn, bk, split, num_warps=8 if bn * bk >= 16384 else 4, use_dot=dot))
+        for serial in (False, True) if split > 1 else (False,):
+            out.append(GemvConfig(bn, bk, split, num_warps=8 if bn * bk >= 16384 else 4, use_dot=dot,
+                                  serial_reduce=serial))
     return out
 
 

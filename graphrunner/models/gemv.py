@@ -38,6 +38,9 @@ class GemvConfig:
     num_warps: int = 4
     num_stages: int = 3
     use_dot: bool = True  # tl.dot on x padded to 16 rows (tensor cores) vs a broadcast-multiply-reduce
+    # split-K only: the last program of each N tile (an atomic counter says which) sums the partials itself,
+    # instead of a second kernel launch; same order, same bits
+    serial_reduce: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_n", "block_k"):
@@ -99,6 +102,7 @@ def _gemv_kernel(
     b_ptr,  # [N] or unused
     out_ptr,  # [M, N] (not WRITE_PARTIAL)
     part_ptr,  # [split_k, M, N] float32 (WRITE_PARTIAL)
+    counter_ptr,  # [>= N tiles] int32, zero between launches (SERIAL_REDUCE)
     M,
     N,
     K,
@@ -106,12 +110,14 @@ def _gemv_kernel(
     stride_wn,
     stride_om,
     k_per_split,  # a multiple of BLOCK_K
+    num_splits,
     M_PAD: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     WRITE_PARTIAL: tl.constexpr,  # split-K: float32 partials for _split_k_reduce_kernel (not a split count, so
     HAS_BIAS: tl.constexpr,  # one compiled kernel serves every split)
     USE_DOT: tl.constexpr,
+    SERIAL_REDUCE: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -142,6 +148,19 @@ def _gemv_kernel(
     else:
         part = part_ptr + (pid_k * M + offs_m[:, None]).to(tl.int64) * N + offs_n[None, :]
         tl.store(part, acc, mask=mask)
+        if SERIAL_REDUCE:
+            tl.debug_barrier()  # every thread's partial is stored before the release below publishes them
+            done = tl.atomic_add(counter_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
+            if done == num_splits - 1:  # the last split of this tile: sum all partials, as the reduce kernel does
+                total = tl.zeros((M_PAD, BLOCK_N), dtype=tl.float32)
+                for s in range(num_splits):
+                    src = part_ptr + (s * M + offs_m[:, None]).to(tl.int64) * N + offs_n[None, :]
+                    total += tl.load(src, mask=mask, other=0.0, cache_modifier=".cg")  # L2: other SMs wrote it
+                if HAS_BIAS:
+                    total += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+                out = out_ptr + offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :]
+                tl.store(out, total.to(out_ptr.dtype.element_ty), mask=mask)
+                tl.atomic_xchg(counter_ptr + pid_n, 0)  # zero again for the next launch (and graph replay)
 
 
 @triton.jit
@@ -165,6 +184,19 @@ def _split_k_reduce_kernel(
     if HAS_BIAS:
         acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + m.to(tl.int64) * stride_om + offs_n, acc.to(out_ptr.dtype.element_ty), mask=n_mask)
+
+
+_MAX_TILES = 16384
+_counters: dict[torch.device, Tensor] = {}
+
+
+def _counter_buffer(device: torch.device) -> Tensor | None:
+    """The zeroed per-tile counters of the serial split-K reduction ([_MAX_TILES] int32, one per device, reset by
+    the kernel itself); None while a CUDA graph is being captured and none exists yet (never allocate there)."""
+    buf = _counters.get(device)
+    if buf is None and not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+        buf = _counters[device] = torch.zeros(_MAX_TILES, dtype=torch.int32, device=device)
+    return buf
 
 
 def _check(x: Tensor, weight: Tensor, bias: Tensor | None) -> None:
@@ -207,12 +239,15 @@ def gemv_triton(x: Tensor, weight: Tensor, bias: Tensor | None, config: GemvConf
     m_pad = 16 if cfg.use_dot else max(1, triton.next_power_of_2(m))
     part = torch.empty(split_k, m, n, dtype=torch.float32, device=x.device) if split_k > 1 else out
     bias_arg = bias if bias is not None else out  # unused when HAS_BIAS is off
-    _gemv_kernel[(triton.cdiv(n, cfg.block_n), split_k)](
-        x, weight, bias_arg, out, part, m, n, k, x.stride(0), weight.stride(0), out.stride(0), k_per_split,
-        M_PAD=m_pad, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, WRITE_PARTIAL=split_k > 1, HAS_BIAS=bias is not None,
-        USE_DOT=cfg.use_dot, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    tiles = triton.cdiv(n, cfg.block_n)
+    counters = _counter_buffer(x.device) if cfg.serial_reduce and split_k > 1 and tiles <= _MAX_TILES else None
+    _gemv_kernel[(tiles, split_k)](
+        x, weight, bias_arg, out, part, counters if counters is not None else out, m, n, k, x.stride(0),
+        weight.stride(0), out.stride(0), k_per_split, split_k, M_PAD=m_pad, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        WRITE_PARTIAL=split_k > 1, HAS_BIAS=bias is not None, USE_DOT=cfg.use_dot, SERIAL_REDUCE=counters is not None,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
-    if split_k > 1:
+    if split_k > 1 and counters is None:
         block = 1024
         _split_k_reduce_kernel[(triton.cdiv(n, block), m)](
             part, bias_arg, out, m, n, out.stride(0), SPLIT_K=split_k, HAS_BIAS=bias is not None, BLOCK=block,
