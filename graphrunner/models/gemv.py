@@ -88,11 +88,13 @@ def default_config(m: int, n: int, k: int, device: torch.device) -> GemvConfig:
     sms = _num_sms(device)
     block_n = 64 if n >= 64 * 4 * sms else 32 if n >= 32 * 2 * sms else 16
     block_k = 256 if k >= 256 else max(16, triton.next_power_of_2(k))
+    if m == 1:  # the broadcast-multiply-reduce path holds a [BN, BK] float32 product in registers
+        block_k = min(block_k, 128)
     tiles = triton.cdiv(n, block_n)
     split_k = 1
     while tiles * split_k < 2 * sms and k // (split_k * 2) >= 2 * block_k:
         split_k *= 2
-    return GemvConfig(block_n, block_k, split_k, num_warps=4, use_dot=m > 1)
+    return GemvConfig(block_n, block_k, split_k, num_warps=4, use_dot=m > 1, serial_reduce=True)
 
 
 @triton.jit
