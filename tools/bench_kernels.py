@@ -77,6 +77,7 @@ def time_us(calls: list[Callable[[], Any]], device: torch.device, reps: int, per
 
 def bench_sampler(batch_sizes: list[int], vocab: int, device: torch.device, reps: int) -> list[dict]:
     rows = []
+    original = gumbel_split.SPLIT_SAMPLE_ENABLED
     for bs, (setting, temp) in itertools.product(batch_sizes, (("greedy", 0.0), ("gumbel", 0.8))):
         g = torch.Generator().manual_seed(bs)
         logits = (torch.randn(bs, vocab, generator=g) * 3).to(device)  # [B, V] float32
@@ -102,7 +103,7 @@ def bench_sampler(batch_sizes: list[int], vocab: int, device: torch.device, reps
             "run_sampler split (fused NaN check)": time_us([lambda: pipeline(True)], device, reps),
             "run_sampler row-per-program + isfinite": time_us([lambda: pipeline(False)], device, reps),
         }
-        gumbel_split.SPLIT_SAMPLE_ENABLED = True
+        gumbel_split.SPLIT_SAMPLE_ENABLED = original
         if setting == "greedy":
             timings["torch argmax"] = time_us([lambda x=logits: x.argmax(-1)], device, reps)
         gbs = {k: bs * vocab * 4 / (us * 1e3) for k, us in timings.items()}
