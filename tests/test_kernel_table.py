@@ -6,6 +6,7 @@ the per-step / per-token figures add up.
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -83,3 +84,20 @@ def test_empty_profile() -> None:
     summary = kt.summarize(kt.kernel_rows([]), steps=3, tokens_per_step=1)
     assert summary["device_us_per_step"] == 0 and all(g["calls_per_step"] == 0 for g in summary["groups"].values())
     assert "device total" in kt.format_table(summary)
+
+
+def test_events_from_chrome_trace(tmp_path: Path) -> None:
+    trace = {"traceEvents": [
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 1.0, "dur": 9.0},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": 2.0, "dur": 3.0},
+        {"ph": "X", "cat": "kernel", "name": "nvjet_tst_64x8", "ts": 10.0, "dur": 5.5},
+        {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy DtoD (Device -> Device)", "ts": 16.0, "dur": 1.0},
+        {"ph": "X", "cat": "gpu_memset", "name": "Memset (Device)", "ts": 17.5, "dur": 0.5},
+        {"ph": "i", "cat": "kernel", "name": "not a span", "ts": 18.0},
+    ]}
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps(trace))
+    events = kt.events_from_chrome_trace(path)
+    assert [(e.name, e.dur_us) for e in events] == [("nvjet_tst_64x8", 5.5), ("Memcpy DtoD (Device -> Device)", 1.0),
+                                                   ("Memset (Device)", 0.5)]
+    assert [kt.classify(e.name) for e in events] == ["GEMMs (layers)", "kv write / memcpy", "kv write / memcpy"]

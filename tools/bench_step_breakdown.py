@@ -93,8 +93,9 @@ def device_parts(llm: LLM, iters: int) -> dict[str, float]:
     return parts
 
 
-def kernel_profile(llm: LLM, steps: int, tokens_per_step: int) -> dict[str, Any]:
-    """Profile `steps` engine steps (steady decode) and group the device kernels; see kernel_table.py."""
+def kernel_profile(llm: LLM, steps: int, tokens_per_step: int, trace: str) -> dict[str, Any]:
+    """Profile `steps` engine steps (steady decode), save the chrome trace to `trace` and group its device
+    kernels; see kernel_table.py."""
     from torch.profiler import ProfilerActivity, profile
 
     device = llm.engine.config.device
@@ -103,7 +104,8 @@ def kernel_profile(llm: LLM, steps: int, tokens_per_step: int) -> dict[str, Any]
         for _ in range(steps):
             llm.engine.step()
         bench_common.synchronize(device)
-    events = kernel_table.events_from_profiler(prof)
+    prof.export_chrome_trace(trace)
+    events = kernel_table.events_from_chrome_trace(trace)
     if not events:
         print("  (no device kernels recorded: no CUDA, or this torch/CUPTI does not trace CUDA graph replays; "
               "try --enforce-eager to see the kernels without graphs)")
@@ -119,6 +121,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=64, help="decode steps timed on the host")
     ap.add_argument("--profile-steps", type=int, default=200, help="decode steps in the kernel table (0: none)")
     ap.add_argument("--iters", type=int, default=50, help="timed calls per device part (median)")
+    ap.add_argument("--trace", default="bench_step_breakdown_trace.json", help="chrome trace of the profiled steps")
     ap.add_argument("--enforce-eager", action="store_true")
     ap.add_argument("--json", default="bench_step_breakdown.json")
     args = ap.parse_args()
@@ -136,7 +139,7 @@ def main() -> None:
     for _ in range(4 + args.batch // 8):  # prefill, then into steady decode
         llm.engine.step()
     host = host_ms(llm, args.steps)
-    table = kernel_profile(llm, args.profile_steps, args.batch) if args.profile_steps else None
+    table = kernel_profile(llm, args.profile_steps, args.batch, args.trace) if args.profile_steps else None
     parts = device_parts(llm, args.iters)
     result = {"host_ms_median": statistics.median(host), "device_ms": parts, "kernels": table, "args": vars(args),
               "env": bench_common.env_info()}

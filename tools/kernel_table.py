@@ -7,9 +7,11 @@ split-K reduce, the two last) before each sampling kernel in device-time order.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 GROUPS = ("GEMMs (layers)", "lm_head GEMM", "attention", "sampling", "inductor fused", "kv write / memcpy",
           "other")
@@ -107,13 +109,13 @@ def format_table(summary: dict, top: int = 4) -> str:
     return "\n".join(lines)
 
 
-def events_from_profiler(prof: object) -> list[KernelEvent]:
-    """Device-side kernel/memcpy/memset events of a finished torch.profiler.profile (graph replays included
-    where CUPTI reports the kernels inside them)."""
-    from torch.autograd import DeviceType
+DEVICE_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 
-    out = []
-    for e in prof.events():  # type: ignore[attr-defined]
-        if e.device_type == DeviceType.CUDA:
-            out.append(KernelEvent(e.name, float(e.time_range.start), float(e.time_range.elapsed_us())))
-    return out
+
+def events_from_chrome_trace(path: str | Path) -> list[KernelEvent]:
+    """Device-side events (kernels, memcpys, memsets) of a torch.profiler chrome trace; kernels inside CUDA graph
+    replays are there when CUPTI reports them (recent torch/CUDA do)."""
+    data = json.loads(Path(path).read_text())
+    events = data["traceEvents"] if isinstance(data, dict) else data
+    return [KernelEvent(str(e["name"]), float(e["ts"]), float(e.get("dur", 0.0))) for e in events
+            if e.get("ph") == "X" and str(e.get("cat", "")).lower() in DEVICE_CATEGORIES]
