@@ -166,7 +166,7 @@ def main() -> None:
     ap.add_argument("--ms", default="1,2,4,8", help="GEMV token counts")
     ap.add_argument("--reps", type=int, default=20, help="graph replays per timing (median)")
     ap.add_argument("--sweep", action="store_true", help="also time a grid of GemvConfigs per shape and M")
-    ap.add_argument("--shapes", default="", help="only GEMV shapes whose name contains this (e.g. lm_head)")
+    ap.add_argument("--shapes", default="", help="comma-separated name parts: only those GEMV shapes (e.g. qkv,o 2048)")
     ap.add_argument("--tuned-out", default=None,
                     help="with --sweep: write the best configs here (commit as graphrunner/models/gemv_configs.json)")
     ap.add_argument("--only", choices=("sampler", "gemv"), default=None)
@@ -174,7 +174,8 @@ def main() -> None:
     ap.add_argument("--json", default="bench_kernels.json")
     args = ap.parse_args()
     device = bench_common.resolve_device(args.device)
-    shapes = {name: nk for name, nk in QWEN3_06B_SHAPES.items() if args.shapes in name}
+    parts = [p for p in args.shapes.split(",") if p] or [""]
+    shapes = {name: nk for name, nk in QWEN3_06B_SHAPES.items() if any(p in name for p in parts)}
     batch_sizes, vocab = bench_common.parse_int_list(args.batch_sizes), args.vocab
     if args.quick:
         shapes, batch_sizes, vocab = {"tiny 64->48": (48, 64)}, [1, 3], 3000
@@ -184,11 +185,14 @@ def main() -> None:
     if args.only in (None, "gemv"):
         result["gemv"] = bench_gemv(shapes, bench_common.parse_int_list(args.ms), device, args.reps, args.sweep)
     if args.tuned_out and args.sweep:
-        best = [{"M": r["M"], "N": r["N"], "K": r["K"], "us": min(r["best_us"], r["torch_us"]),
-                 "config": r["best_config"] if r["best_us"] < r["torch_us"] else None}  # None: cuBLAS
-                for r in result.get("gemv", [])]
-        Path(args.tuned_out).write_text(json.dumps(best, indent=1))
-        print(f"wrote {len(best)} tuned GEMV configs to {args.tuned_out}")
+        out = Path(args.tuned_out)
+        table = {(e["M"], e["N"], e["K"]): e for e in (json.loads(out.read_text()) if out.exists() else [])}
+        for r in result.get("gemv", []):  # merged into the file's entries: runs over different shapes add up
+            table[(r["M"], r["N"], r["K"])] = {
+                "M": r["M"], "N": r["N"], "K": r["K"], "us": min(r["best_us"], r["torch_us"]),
+                "config": r["best_config"] if r["best_us"] < r["torch_us"] else None}  # None: cuBLAS wins
+        out.write_text(json.dumps(sorted(table.values(), key=lambda e: (e["N"], e["K"], e["M"])), indent=1))
+        print(f"{len(table)} tuned GEMV configs in {out}")
     Path(args.json).write_text(json.dumps(result, indent=1))
     print(f"wrote {args.json}")
 
