@@ -191,3 +191,16 @@ def test_gpu_serial_reduce_under_load() -> None:
         torch.testing.assert_close(expected, gemv_ref(x, w, b), **TOL[torch.bfloat16])
         for _ in range(200):
             assert torch.equal(gemv_triton(x, w, b, GemvConfig(block_n, block_k, 8, serial_reduce=True)), expected)
+
+
+def test_op_traces_with_dynamic_token_count() -> None:
+    """fullgraph torch.compile (aot_eager: Dynamo + AOTAutograd over the fake impl) with a symbolic M."""
+
+    def f(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.silu(torch.ops.graphrunner.small_m_linear(x, w, b)) * 2
+
+    compiled = torch.compile(f, backend="aot_eager", dynamic=True, fullgraph=True)
+    for m in (2, 3, 9):  # the Triton path twice (one trace), then cuBLAS/F.linear at run time, same graph
+        x, w, b = _data(m, 24, 40, torch.float16, seed=m, bias=True)
+        expected = F.silu(gemv_ref(x, w, b) if m <= gemv.MAX_M else F.linear(x, w, b)) * 2
+        torch.testing.assert_close(compiled(x, w, b), expected, **TOL[torch.float16])

@@ -24,7 +24,7 @@ import bench_common
 import torch
 import torch.nn.functional as F
 
-from graphrunner.models.gemv import GemvConfig, default_config, gemv_triton, pick_config
+from graphrunner.models.gemv import GemvConfig, default_config, gemv_triton, pick_config, tuned_configs
 from graphrunner.sampling import gumbel_split
 from graphrunner.sampling.batch import RequestSampling, SampleEntry, build_sampling_batch
 from graphrunner.sampling.gumbel import sample_rowwise_triton
@@ -179,7 +179,8 @@ def main() -> None:
     batch_sizes, vocab = bench_common.parse_int_list(args.batch_sizes), args.vocab
     if args.quick:
         shapes, batch_sizes, vocab = {"tiny 64->48": (48, 64)}, [1, 3], 3000
-    result: dict[str, Any] = {"script": "bench_kernels", "env": bench_common.env_info(), "args": vars(args)}
+    result: dict[str, Any] = {"script": "bench_kernels", "env": bench_common.env_info(), "args": vars(args),
+                              "tuned_configs_loaded": len(tuned_configs()) if device.type == "cuda" else 0}
     if args.only in (None, "sampler"):
         result["sampler"] = bench_sampler(batch_sizes, vocab, device, args.reps)
     if args.only in (None, "gemv"):

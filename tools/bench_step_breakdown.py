@@ -26,6 +26,8 @@ import torch
 
 from graphrunner import LLM, SamplingParams
 from graphrunner.async_output import AsyncStepOutput
+from graphrunner.models import linear
+from graphrunner.sampling import gumbel_split
 from graphrunner.sampling.sampler import run_sampler
 from graphrunner.state_kernels import post_update
 from graphrunner.step_plan import StepMode, StepPlan
@@ -141,8 +143,11 @@ def main() -> None:
     host = host_ms(llm, args.steps)
     table = kernel_profile(llm, args.profile_steps, args.batch, args.trace) if args.profile_steps else None
     parts = device_parts(llm, args.iters)
+    switches = {"GRAPHRUNNER_GEMV": int(linear.GEMV_ENABLED),
+                "GRAPHRUNNER_SPLIT_SAMPLE": int(gumbel_split.SPLIT_SAMPLE_ENABLED)}
+    print(f"switches: {switches}")
     result = {"host_ms_median": statistics.median(host), "device_ms": parts, "kernels": table, "args": vars(args),
-              "env": bench_common.env_info()}
+              "switches": switches, "env": bench_common.env_info()}
     mode = "CUDA graphs" if llm.engine.runner.graphs is not None else "no graphs"
     if table is not None:
         print(f"Kernel table: {args.profile_steps} decode steps at batch {args.batch} on {device} ({mode}):")
