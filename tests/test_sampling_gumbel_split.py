@@ -34,6 +34,13 @@ def _batch(num_reqs: int, vocab: int, seed: int, temps: tuple[float, ...] = (0.0
     return [t.to(DEVICE) for t in (logits, idx, temperature, seeds, num_tokens)]
 
 
+@pytest.fixture(params=["one launch", "reduce kernel"], autouse=True)
+def reduction(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test runs with the in-kernel (last program reduces) and the separate-kernel reduction."""
+    monkeypatch.setattr(gumbel_split, "SPLIT_SAMPLE_SERIAL", request.param == "one launch")
+    return request.param
+
+
 @pytest.mark.parametrize(("num_reqs", "vocab"), [(1, 1), (1, 999), (1, 4097), (7, 1025), (3, 5000), (2, 3 * 1024)])
 def test_split_matches_reference_and_rowwise(num_reqs: int, vocab: int) -> None:
     args = _batch(num_reqs, vocab, seed=vocab + num_reqs)
@@ -102,6 +109,16 @@ def test_half_precision_and_strided_logits(dtype: torch.dtype) -> None:
     assert torch.equal(tokens, sample_ref(wide[:, :2050].float(), *rest)) and not nonfinite.any()
 
 
+def test_one_launch_counters_reset_themselves(reduction: str) -> None:
+    args = _batch(5, 4100, seed=12)
+    first = sample_split_triton(*args)
+    for _ in range(3):  # repeated launches (graph replays) see zeroed counters
+        again = sample_split_triton(*args)
+        assert torch.equal(again[0], first[0]) and torch.equal(again[1], first[1])
+    if reduction == "one launch":
+        assert not gumbel_split._counters[args[0].device].any()
+
+
 def test_empty_batch_and_bad_input() -> None:
     logits = torch.zeros(0, 10, device=DEVICE)
     empty = torch.zeros(0, dtype=torch.int32, device=DEVICE)
@@ -153,4 +170,5 @@ def test_run_sampler_fused_check_equals_unfused(setting: str, logprobs_mode: str
         else:
             assert other.logprobs is not None
             for name in ("top_ids", "top_logprobs", "token_logprob", "token_rank"):
-                torch.testing.assert_close(getattr(results[0].logprobs, name)[keep], getattr(other.logprobs, name)[keep])
+                ours, theirs = getattr(results[0].logprobs, name), getattr(other.logprobs, name)
+                torch.testing.assert_close(ours[keep], theirs[keep])

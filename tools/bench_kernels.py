@@ -77,7 +77,7 @@ def time_us(calls: list[Callable[[], Any]], device: torch.device, reps: int, per
 
 def bench_sampler(batch_sizes: list[int], vocab: int, device: torch.device, reps: int) -> list[dict]:
     rows = []
-    original = gumbel_split.SPLIT_SAMPLE_ENABLED
+    original = gumbel_split.SPLIT_SAMPLE_ENABLED, gumbel_split.SPLIT_SAMPLE_SERIAL
     for bs, (setting, temp) in itertools.product(batch_sizes, (("greedy", 0.0), ("gumbel", 0.8))):
         g = torch.Generator().manual_seed(bs)
         logits = (torch.randn(bs, vocab, generator=g) * 3).to(device)  # [B, V] float32
@@ -94,16 +94,21 @@ def bench_sampler(batch_sizes: list[int], vocab: int, device: torch.device, reps
         sbatch = build_sampling_batch([SampleEntry(r, params, RequestSampling(), 0) for r in range(bs)], idx, device)
 
         def pipeline(split: bool, b: Any = sbatch, x: torch.Tensor = logits, st: StateTable = state) -> None:
-            gumbel_split.SPLIT_SAMPLE_ENABLED = split
+            gumbel_split.SPLIT_SAMPLE_ENABLED, gumbel_split.SPLIT_SAMPLE_SERIAL = split, original[1]
             run_sampler(x, b, st, device.type == "cuda")  # x is not edited on this path: no clone needed
 
+        def split_with(serial: bool, a: tuple = args) -> None:
+            gumbel_split.SPLIT_SAMPLE_SERIAL = serial
+            sample_split_triton(*a)
+
         timings = {
-            "split kernel": time_us([lambda a=args: sample_split_triton(*a)], device, reps),
+            "split, one launch": time_us([lambda: split_with(True)], device, reps),
+            "split + reduce kernel": time_us([lambda: split_with(False)], device, reps),
             "row-per-program kernel": time_us([lambda a=args: sample_rowwise_triton(*a)], device, reps),
-            "run_sampler split (fused NaN check)": time_us([lambda: pipeline(True)], device, reps),
+            "run_sampler split (fused NaN check; as configured)": time_us([lambda: pipeline(True)], device, reps),
             "run_sampler row-per-program + isfinite": time_us([lambda: pipeline(False)], device, reps),
         }
-        gumbel_split.SPLIT_SAMPLE_ENABLED = original
+        gumbel_split.SPLIT_SAMPLE_ENABLED, gumbel_split.SPLIT_SAMPLE_SERIAL = original
         if setting == "greedy":
             timings["torch argmax"] = time_us([lambda x=logits: x.argmax(-1)], device, reps)
         gbs = {k: bs * vocab * 4 / (us * 1e3) for k, us in timings.items()}

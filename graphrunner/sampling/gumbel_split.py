@@ -1,7 +1,7 @@
-"""Gumbel-max sampling with the vocabulary split across programs: one program per (row, vocab chunk) writes its
-chunk's (max, argmax, any-non-finite) partial, a second tiny kernel reduces each row. Same tokens as gumbel.py's
-one-program-per-row kernel (max is exact, ties keep the lowest index whatever the split), but batch 1 keeps every
-SM busy. The non-finite check of the raw logits rides along in the same pass. Switch: GRAPHRUNNER_SPLIT_SAMPLE=0.
+"""Gumbel-max sampling with the vocabulary split across programs: each (row, vocab chunk) program writes its chunk's
+(max, lowest argmax, any NaN/inf) partial and the row's last program to finish reduces them (or a second kernel),
+so batch 1 keeps every SM busy. Tokens equal gumbel.py's row-per-program kernel (exact max, lowest index on ties);
+the raw logits' non-finite check rides along. GRAPHRUNNER_SPLIT_SAMPLE picks the variant (below).
 """
 
 from __future__ import annotations
@@ -16,11 +16,29 @@ from torch import Tensor
 
 from graphrunner.sampling.gumbel import _check_sample, _gumbel, _row_keys, sample_ref
 
-# Read once at import: the lead A/B-tests the split kernel against the row-per-program one with this variable.
-SPLIT_SAMPLE_ENABLED: bool = os.environ.get("GRAPHRUNNER_SPLIT_SAMPLE", "1") != "0"
+# Read once at import, for A/B runs: GRAPHRUNNER_SPLIT_SAMPLE=0 row-per-program kernel, 1 (default) split with the
+# last program of each row reducing (one launch), 2 split with a separate reduce kernel.
+_MODE = os.environ.get("GRAPHRUNNER_SPLIT_SAMPLE", "1")
+SPLIT_SAMPLE_ENABLED: bool = _MODE != "0"
+SPLIT_SAMPLE_SERIAL: bool = _MODE != "2"
 _BLOCK_V = 1024  # vocab entries per loop iteration; also the smallest chunk one program owns
 _PROGRAMS_PER_SM = 4  # aim for this many (row, chunk) programs per SM before chunks grow past _BLOCK_V
 _MAX_CHUNKS = 1024  # the reduce kernel reads a row's partials in one block of at most this many
+_MAX_ROWS = 1 << 16  # rows with a counter for the one-launch reduction (more: the reduce kernel)
+
+
+@triton.jit
+def _reduce_row(part_val_ptr, part_idx_ptr, part_bad_ptr, out_ptr, nonfinite_ptr, pid, num_chunks,
+                C_PAD: tl.constexpr, CACHE: tl.constexpr):
+    offs = tl.arange(0, C_PAD)
+    m = offs < num_chunks
+    base = pid.to(tl.int64) * num_chunks
+    vals = tl.load(part_val_ptr + base + offs, mask=m, other=float("-inf"), cache_modifier=CACHE)
+    idxs = tl.load(part_idx_ptr + base + offs, mask=m, other=0, cache_modifier=CACHE)
+    bad = tl.load(part_bad_ptr + base + offs, mask=m, other=0, cache_modifier=CACHE)
+    best = tl.argmax(vals, axis=0)  # lowest chunk on ties, and chunks are in vocab order: lowest index overall
+    tl.store(out_ptr + pid, tl.sum(tl.where(offs == best, idxs, 0), axis=0))
+    tl.store(nonfinite_ptr + pid, tl.max(bad, axis=0) > 0)
 
 
 @triton.jit
@@ -35,10 +53,15 @@ def _split_sample_partial_kernel(
     part_val_ptr,  # [B, C] float32: the chunk's best value (NaN counted as -inf)
     part_idx_ptr,  # [B, C] int32: the lowest vocab index holding that value
     part_bad_ptr,  # [B, C] int32: 1 when the chunk's raw logits hold NaN or +-inf
+    counter_ptr,  # [>= B] int32, zero between launches (SERIAL)
+    out_ptr,  # [B] int32 (SERIAL)
+    nonfinite_ptr,  # [B] bool (SERIAL)
     vocab_size,
     chunk,  # vocab entries per program, a multiple of BLOCK_V
     num_chunks,
     BLOCK_V: tl.constexpr,
+    C_PAD: tl.constexpr,
+    SERIAL: tl.constexpr,  # the row's last program to finish reduces its partials (an atomic counter says which)
 ):
     pid = tl.program_id(0)
     c = tl.program_id(1)
@@ -71,6 +94,13 @@ def _split_sample_partial_kernel(
     tl.store(part_val_ptr + out, best_val)
     tl.store(part_idx_ptr + out, best_idx)
     tl.store(part_bad_ptr + out, bad)
+    if SERIAL:
+        tl.debug_barrier()  # the partials are stored before the release below publishes them
+        done = tl.atomic_add(counter_ptr + pid, 1, sem="acq_rel", scope="gpu")
+        if done == num_chunks - 1:
+            _reduce_row(part_val_ptr, part_idx_ptr, part_bad_ptr, out_ptr, nonfinite_ptr, pid, num_chunks,
+                        C_PAD, ".cg")  # from L2: other SMs wrote them
+            tl.atomic_xchg(counter_ptr + pid, 0)  # zero again for the next launch (and graph replay)
 
 
 @triton.jit
@@ -83,16 +113,20 @@ def _split_sample_reduce_kernel(
     num_chunks,
     C_PAD: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    offs = tl.arange(0, C_PAD)
-    m = offs < num_chunks
-    base = pid.to(tl.int64) * num_chunks
-    vals = tl.load(part_val_ptr + base + offs, mask=m, other=float("-inf"))
-    idxs = tl.load(part_idx_ptr + base + offs, mask=m, other=0)
-    bad = tl.load(part_bad_ptr + base + offs, mask=m, other=0)
-    best = tl.argmax(vals, axis=0)  # lowest chunk on ties, and chunks are in vocab order: lowest index overall
-    tl.store(out_ptr + pid, tl.sum(tl.where(offs == best, idxs, 0), axis=0))
-    tl.store(nonfinite_ptr + pid, tl.max(bad, axis=0) > 0)
+    _reduce_row(part_val_ptr, part_idx_ptr, part_bad_ptr, out_ptr, nonfinite_ptr, tl.program_id(0), num_chunks,
+                C_PAD, "")
+
+
+_counters: dict[torch.device, Tensor] = {}
+
+
+def _counter_buffer(device: torch.device) -> Tensor | None:
+    """Zeroed per-row counters of the one-launch reduction ([_MAX_ROWS] int32 per device, reset by the kernel);
+    None while a CUDA graph is being captured and none exists yet (never allocate there)."""
+    buf = _counters.get(device)
+    if buf is None and not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+        buf = _counters[device] = torch.zeros(_MAX_ROWS, dtype=torch.int32, device=device)
+    return buf
 
 
 @functools.cache
@@ -128,13 +162,17 @@ def sample_split_triton(
     part_val = torch.empty(num_reqs, num_chunks, dtype=torch.float32, device=logits.device)  # [B, C] float32
     part_idx = torch.empty(num_reqs, num_chunks, dtype=torch.int32, device=logits.device)  # [B, C] int32
     part_bad = torch.empty(num_reqs, num_chunks, dtype=torch.int32, device=logits.device)  # [B, C] int32
+    c_pad = max(16, triton.next_power_of_2(num_chunks))
+    counters = _counter_buffer(logits.device) if SPLIT_SAMPLE_SERIAL and num_reqs <= _MAX_ROWS else None
     _split_sample_partial_kernel[(num_reqs, num_chunks)](
         logits, logits.stride(0), logits.stride(1), idx_mapping.contiguous(), temperature.contiguous(),
-        seeds.contiguous(), num_tokens.contiguous(), part_val, part_idx, part_bad, vocab_size, chunk, num_chunks,
-        BLOCK_V=_BLOCK_V, num_warps=4,
+        seeds.contiguous(), num_tokens.contiguous(), part_val, part_idx, part_bad,
+        counters if counters is not None else part_idx, out, nonfinite, vocab_size, chunk, num_chunks,
+        BLOCK_V=_BLOCK_V, C_PAD=c_pad, SERIAL=counters is not None, num_warps=4,
     )
-    _split_sample_reduce_kernel[(num_reqs,)](part_val, part_idx, part_bad, out, nonfinite, num_chunks,
-                                             C_PAD=max(16, triton.next_power_of_2(num_chunks)), num_warps=1)
+    if counters is None:
+        _split_sample_reduce_kernel[(num_reqs,)](part_val, part_idx, part_bad, out, nonfinite, num_chunks,
+                                                 C_PAD=c_pad, num_warps=1)
     return out, nonfinite
 
 
