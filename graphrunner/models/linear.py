@@ -1,5 +1,5 @@
-"""Linear layers: `linear` (F.linear, or the small-M Triton GEMV when GRAPHRUNNER_GEMV=1), `Linear` (nn.Linear
-that calls it) and `MergedLinear`, whose output is several HF projections stacked along the output dimension.
+"""Linear layers: `linear` (F.linear: cuBLAS measured faster than the small-M Triton GEMV in models/gemv.py at
+the 0.6B shapes on the H200, see docs/DECISIONS.md), `Linear` (nn.Linear that calls it) and `MergedLinear`, whose output is several HF projections stacked along the output dimension.
 
 `output_sizes` records the stacked pieces in order, so the loader can copy each checkpoint shard
 (`q_proj`, `k_proj`, `v_proj` or `gate_proj`, `up_proj`) into its slice of the fused weight/bias.
@@ -7,25 +7,15 @@ that calls it) and `MergedLinear`, whose output is several HF projections stacke
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from graphrunner.models import gemv  # noqa: F401  (registers torch.ops.graphrunner.small_m_linear)
-
-# Read once at import (a constant to torch.compile): 1 routes CUDA bf16/fp16 linears through
-# graphrunner::small_m_linear, which picks the Triton GEMV for <= gemv.MAX_M tokens at run time.
-GEMV_ENABLED: bool = os.environ.get("GRAPHRUNNER_GEMV", "0") == "1"
-
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x [..., K] @ weight [N, K]^T (+ bias [N]) -> [..., N]."""
-    if GEMV_ENABLED and x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) and weight.dtype == x.dtype:
-        out = torch.ops.graphrunner.small_m_linear(x.reshape(-1, x.shape[-1]), weight, bias)  # [T, N]
-        return out.view(*x.shape[:-1], weight.shape[0])
+    """x [..., K] @ weight [N, K]^T (+ bias [N]) -> [..., N]; the one place a faster small-M kernel would plug in."""
     return F.linear(x, weight, bias)
 
 
