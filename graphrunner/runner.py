@@ -117,8 +117,8 @@ class ModelRunner:
             plan = StepPlan(StepMode.EAGER, b, t)
         else:
             q = self.model_state.uniform_query_len
-            full_ok = all(c == q for c in counts) and sampling.plain and prompt_logprobs is None
-            plan = self.graphs.plan(b, t, max(seq_lens, default=0), full_ok)
+            covered = sampling.plain and prompt_logprobs is None  # what a FULL graph's sampling does
+            plan = self.graphs.plan(b, t, max(seq_lens, default=0), covered and all(c == q for c in counts), covered)
         pad = plan.num_reqs - b  # FULL graphs: extra rows point at the padding row with 0 tokens
         p = plan.num_reqs
         staged = torch.tensor(rows + [self.state.padding_row] * pad + counts + [0] * pad, dtype=torch.int32)
@@ -203,20 +203,28 @@ class ModelRunner:
         with forward_context(meta, self.kv_cache, self.attention_backend):
             return self.model_state.forward(self.model, inputs.input_ids, inputs.positions).hidden
 
-    def full_decode_body(self, num_reqs: int, num_splits: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The FULL graph of a uniform decode over the first `num_reqs` step rows: prepare, forward,
-        logits, Gumbel/argmax sampling, post-update. Returns (sampled [P] int32, nonfinite [P] bool)."""
+    def full_step_body(self, num_reqs: int, num_tokens: int, num_splits: int,
+                       mixed: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """The FULL graph of a step over the first `num_reqs` step rows and `num_tokens` tokens: prepare,
+        forward, logits, Gumbel/argmax sampling, post-update. Returns (sampled [P] int32, nonfinite [P] bool).
+
+        A uniform decode has num_reqs * uniform_query_len tokens; a mixed graph takes any query lengths
+        summing to at most num_tokens (its attention grid covers a query of num_tokens tokens in one row;
+        the device reads each request's real length)."""
         idx, counts = self.buffers.rows(num_reqs, num_reqs)
-        q = self.model_state.uniform_query_len
         cols = self.buffers.max_block_cols  # the whole table: a graph's shapes cannot follow the batch's lengths
         inputs = prepare_inputs(idx, counts, self.state.token_ids, self.state.num_computed, self.state.block_table,
-                                self.block_size, num_reqs * q, cols, self.use_triton,
-                                out=self.buffers.views(num_reqs, num_reqs * q, cols))
-        shape = StepShape(num_reqs, num_reqs * q, (q,) * num_reqs, (self.max_model_len,) * num_reqs, num_splits)
-        hidden = self.run_model(inputs, shape)                                  # [P * q, hidden]
+                                self.block_size, num_tokens, cols, self.use_triton,
+                                out=self.buffers.views(num_reqs, num_tokens, cols))
+        if mixed:
+            query_lens = (num_tokens,) + (0,) * (num_reqs - 1)
+        else:
+            query_lens = (self.model_state.uniform_query_len,) * num_reqs
+        shape = StepShape(num_reqs, num_tokens, query_lens, (self.max_model_len,) * num_reqs, num_splits)
+        hidden = self.run_model(inputs, shape)                                  # [T, hidden]
         out = self._sample(hidden.index_select(0, inputs.logits_indices), SamplingBatch(idx, False, False, False, -1))
         self._update(idx, counts, out.sampled)
         return out.sampled, out.nonfinite
 
     def capture_bodies(self) -> StepBodies:
-        return StepBodies(forward=self.run_model, full_decode=self.full_decode_body)
+        return StepBodies(forward=self.run_model, full_step=self.full_step_body)

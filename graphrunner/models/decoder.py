@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from graphrunner.config import ModelConfig
+from graphrunner.models.linear import linear
 from graphrunner.models.mlp import GatedMLP
 from graphrunner.models.norm import RMSNorm
 from graphrunner.models.parallel_linear import ParallelLMHead, VocabParallelEmbedding, parallel_logits
@@ -110,4 +111,4 @@ class DecoderForCausalLM(nn.Module):
         """hidden [N, H] -> (this rank's logits [N, ceil(V / ranks)] in the model dtype, the first id they cover);
         ids past the vocabulary are padding. For sampling without gathering the logits."""
         head = self.model.embed_tokens if self.lm_head is None else self.lm_head
-        return torch.nn.functional.linear(hidden, head.weight), head.vocab_start
+        return linear(hidden, head.weight), head.vocab_start

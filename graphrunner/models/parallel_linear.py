@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from graphrunner.models.linear import MergedLinear
+from graphrunner.models.linear import Linear, MergedLinear, linear
 from graphrunner.parallel_state import tp_all_gather, tp_all_reduce, tp_rank, tp_size, vocab_range
 
 
@@ -38,7 +38,7 @@ class ShardedMergedLinear(MergedLinear):
         return tensor.narrow(0, self.row_starts[shard], self.output_sizes[shard])
 
 
-class RowParallelLinear(nn.Linear):
+class RowParallelLinear(Linear):
     """Input features split over the ranks; partial products are summed by an all-reduce, then the bias added."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool) -> None:
@@ -56,7 +56,7 @@ class RowParallelLinear(nn.Linear):
         """x [T, in / world] -> [T, out], the full sum on every rank."""
         if self.world == 1:
             return super().forward(x)
-        out = tp_all_reduce(F.linear(x, self.weight))
+        out = tp_all_reduce(linear(x, self.weight))
         return out if self.bias is None else out + self.bias
 
 
@@ -112,7 +112,7 @@ class ParallelLMHead(nn.Module):
 def parallel_logits(hidden: torch.Tensor, weight: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """hidden [N, H] x this rank's vocabulary rows weight [V / world, H] -> full logits [N, V] float32 on every rank
     (the shards all-gathered; each rank then samples the same token from the same logits)."""
-    logits = tp_all_gather(F.linear(hidden, weight))  # [N, world * V / world]
+    logits = tp_all_gather(linear(hidden, weight))  # [N, world * V / world]
     if logits.shape[-1] != vocab_size:
         logits = logits[:, :vocab_size].contiguous()
     return logits.float()

@@ -16,7 +16,7 @@ from torch import Tensor
 
 from graphrunner.kernel_checks import check_tensor as _check
 from graphrunner.parallel_state import tp_all_gather, tp_size
-from graphrunner.sampling.gumbel import _BLOCK_V, _gumbel, _row_keys, gumbel_noise_ref
+from graphrunner.sampling.gumbel import _gumbel, _row_keys, gumbel_noise_ref
 
 
 def _check_shard(logits: Tensor, vocab_start: int, vocab_size: int, idx_mapping: Tensor, temperature: Tensor,
@@ -58,6 +58,10 @@ def shard_sample_ref(
     return best, (arg + vocab_start).to(torch.int32)
 
 
+_CHUNK_BLOCK = 1024  # vocab entries per loop iteration; chunks are multiples of it
+_PROGRAMS_PER_SM = 4
+
+
 @triton.jit
 def _shard_sample_kernel(
     logits_ptr,  # [B, S]
@@ -67,24 +71,29 @@ def _shard_sample_kernel(
     temperature_ptr,  # [R] float32
     seeds_ptr,  # [R] int64
     num_tokens_ptr,  # [R] int32
-    best_ptr,  # [B] float32
-    best_id_ptr,  # [B] int32
+    part_val_ptr,  # [B, C] float32: the chunk's best value
+    part_idx_ptr,  # [B, C] int32: its global id (lowest on ties)
     vocab_start,
     valid,  # vocabulary entries of this shard (padding excluded)
+    chunk,  # entries per program, a multiple of BLOCK_V
+    num_chunks,
     BLOCK_V: tl.constexpr,
 ):
     pid = tl.program_id(0)
+    c = tl.program_id(1)
     row = tl.load(idx_mapping_ptr + pid).to(tl.int64)
     temp = tl.load(temperature_ptr + row)
     greedy = temp == 0.0
     temp = tl.where(greedy, 1.0, temp)
     k1, k2 = _row_keys(tl.load(seeds_ptr + row), tl.load(num_tokens_ptr + row).to(tl.int64))
     row_ptr = logits_ptr + pid.to(tl.int64) * stride_b
+    start = c * chunk
+    end = tl.minimum(start + chunk, valid)
     best_val = tl.full((), float("-inf"), tl.float32)
-    best_idx = tl.full((), 0, tl.int32)
-    for v0 in range(0, valid, BLOCK_V):
+    best_idx = start
+    for v0 in range(start, end, BLOCK_V):
         offs = v0 + tl.arange(0, BLOCK_V)
-        m = offs < valid
+        m = offs < end
         x = tl.load(row_ptr + offs.to(tl.int64) * stride_v, mask=m, other=float("-inf")).to(tl.float32)
         val = tl.where(greedy, x, x / temp + _gumbel(offs + vocab_start, k1, k2))
         val = tl.where(m, val, float("-inf"))
@@ -93,28 +102,38 @@ def _shard_sample_kernel(
         better = blk_max > best_val  # strict: the earlier block keeps ties (lowest index wins)
         best_val = tl.where(better, blk_max, best_val)
         best_idx = tl.where(better, blk_idx, best_idx)
-    tl.store(best_ptr + pid, best_val)
-    tl.store(best_id_ptr + pid, best_idx + vocab_start)
+    out = pid.to(tl.int64) * num_chunks + c
+    tl.store(part_val_ptr + out, best_val)
+    tl.store(part_idx_ptr + out, best_idx + vocab_start)
+
+
+def _num_sms(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
 
 
 def shard_sample_triton(logits: Tensor, vocab_start: int, vocab_size: int, idx_mapping: Tensor, temperature: Tensor,
                         seeds: Tensor, num_tokens: Tensor) -> tuple[Tensor, Tensor]:
-    """Triton version of shard_sample_ref: one program per row, a running (max, index) over the shard."""
+    """Triton version of shard_sample_ref: (row, chunk) programs write their best (value, id), and the row's
+    first best chunk wins (chunks are in vocabulary order, so ties keep the lowest id)."""
     _check_shard(logits, vocab_start, vocab_size, idx_mapping, temperature, seeds, num_tokens)
     num_reqs = logits.shape[0]
     valid = min(logits.shape[1], vocab_size - vocab_start)
-    best = torch.empty(num_reqs, dtype=torch.float32, device=logits.device)  # [B] float32
-    best_id = torch.empty(num_reqs, dtype=torch.int32, device=logits.device)  # [B] int32
     if num_reqs == 0:
-        return best, best_id
-    block_v = min(_BLOCK_V, triton.next_power_of_2(valid))
-    num_warps = max(4, min(16, block_v // 256))
-    _shard_sample_kernel[(num_reqs,)](
+        return (torch.empty(0, dtype=torch.float32, device=logits.device),
+                torch.empty(0, dtype=torch.int32, device=logits.device))
+    blocks = triton.cdiv(valid, _CHUNK_BLOCK)
+    want = max(1, triton.cdiv(_PROGRAMS_PER_SM * _num_sms(logits.device), num_reqs))
+    chunk = triton.cdiv(blocks, min(blocks, want)) * _CHUNK_BLOCK
+    num_chunks = triton.cdiv(valid, chunk)
+    part_val = torch.empty(num_reqs, num_chunks, dtype=torch.float32, device=logits.device)  # [B, C]
+    part_idx = torch.empty(num_reqs, num_chunks, dtype=torch.int32, device=logits.device)  # [B, C]
+    _shard_sample_kernel[(num_reqs, num_chunks)](
         logits, logits.stride(0), logits.stride(1), idx_mapping.contiguous(), temperature.contiguous(),
-        seeds.contiguous(), num_tokens.contiguous(), best, best_id, vocab_start, valid, BLOCK_V=block_v,
-        num_warps=num_warps,
+        seeds.contiguous(), num_tokens.contiguous(), part_val, part_idx, vocab_start, valid, chunk, num_chunks,
+        BLOCK_V=_CHUNK_BLOCK, num_warps=4,
     )
-    return best, best_id
+    winner = part_val.argmax(dim=1, keepdim=True)  # [B, 1]: first best chunk
+    return part_val.gather(1, winner).squeeze(1), part_idx.gather(1, winner).squeeze(1)
 
 
 def combine_shard_picks(picks: Tensor) -> tuple[Tensor, Tensor]:
