@@ -25,7 +25,7 @@ from graphrunner.parallel_state import tp_size
 from graphrunner.sampling.batch import SampleEntry, SamplingBatch, build_sampling_batch
 from graphrunner.sampling.logprobs import LogprobsTensors, prompt_logprobs_chunked
 from graphrunner.sampling.sampler import SamplerOutput, run_sampler
-from graphrunner.sampling.vocab_parallel import sample_vocab_parallel
+from graphrunner.sampling.vocab_parallel import SHARD_SAMPLING_ENABLED, sample_vocab_parallel
 from graphrunner.scheduler import SchedulerOutput
 from graphrunner.state_kernels import post_update
 from graphrunner.state_table import StateTable, to_device
@@ -146,7 +146,7 @@ class ModelRunner:
     def _sample(self, hidden: torch.Tensor, sampling: SamplingBatch) -> SamplerOutput:
         """Logits of hidden [B, hidden] and the sampled tokens. With tensor parallelism a plain batch samples each
         rank's vocabulary shard and agrees on the winner (graphrunner.sampling.vocab_parallel); others gather."""
-        if sampling.plain and tp_size() > 1:
+        if sampling.plain and tp_size() > 1 and SHARD_SAMPLING_ENABLED:
             logits, vocab_start = self.model.compute_logits_shard(hidden)  # [B, V / ranks]
             sampled, nonfinite = sample_vocab_parallel(
                 logits, vocab_start, self.model_state.config.vocab_size, sampling.idx_mapping, self.state.temperature,

@@ -9,6 +9,8 @@ For the plain stage only (temperature / greedy): filters, penalties and logprobs
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -58,6 +60,8 @@ def shard_sample_ref(
     return best, (arg + vocab_start).to(torch.int32)
 
 
+# GRAPHRUNNER_TP_SAMPLE=gather makes plain batches gather the logits too (to measure one against the other)
+SHARD_SAMPLING_ENABLED: bool = os.environ.get("GRAPHRUNNER_TP_SAMPLE", "shard") != "gather"
 _CHUNK_BLOCK = 1024  # vocab entries per loop iteration; chunks are multiples of it
 _PROGRAMS_PER_SM = 4
 
