@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from graphrunner.spec_config import SpeculativeConfig
+
 _DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
     "fp32": torch.float32,
@@ -306,6 +308,7 @@ class EngineConfig:
     # "auto": sampling defaults from the model's generation_config.json; "vllm": none; else a folder holding one
     generation_config: str = "auto"
     skip_tokenizer_init: bool = False  # no tokenizer: prompts are token ids, outputs carry no text
+    speculative: SpeculativeConfig | None = None  # speculative decoding; None = off
 
     def __post_init__(self) -> None:
         if self.logprobs_mode not in ("raw_logprobs", "processed_logprobs"):

@@ -6,7 +6,8 @@ sampling stages the batch needs); every per-token input is built on the device f
 persistent state table. The runner's ModelState answers every question about the architecture
 (attention metadata, what a forward returns, per-request state). With a GraphDispatcher, a step's
 prepare..update replays as one FULL graph, or its forward replays piecewise graphs; the runner
-itself never touches a CUDA graph.
+itself never touches a CUDA graph. With speculative decoding, a step holding drafts is a verify step:
+1 + k logits rows per decoding request, rejection sampling, and the proposer after the update.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from graphrunner.async_output import AsyncStepOutput, OutputCopier, PromptLogprobSpan, StepOutput
+from graphrunner.async_output import AsyncStepOutput, OutputCopier, PromptLogprobSpan, SpecTensors, StepOutput
 from graphrunner.attention import forward_context
 from graphrunner.input_prep import StepBuffers, StepInputs, prepare_inputs
 from graphrunner.kv_cache import blocks_needed
@@ -25,6 +26,11 @@ from graphrunner.sampling.batch import SampleEntry, SamplingBatch, build_samplin
 from graphrunner.sampling.logprobs import LogprobsTensors, prompt_logprobs_chunked
 from graphrunner.sampling.sampler import run_sampler
 from graphrunner.scheduler import SchedulerOutput
+from graphrunner.spec_config import SpeculativeConfig
+from graphrunner.spec_decode.layout import SpecLayout, build_spec_layout
+from graphrunner.spec_decode.proposer import NgramProposer
+from graphrunner.spec_decode.sampler import verify_sample
+from graphrunner.spec_decode.update import post_update_spec
 from graphrunner.state_kernels import post_update
 from graphrunner.state_table import StateTable, to_device
 from graphrunner.step_plan import GraphDispatcher, StepBodies, StepMode, StepPlan, StepShape
@@ -51,8 +57,9 @@ class StepBatch:
     shape: StepShape             # exact counts (num_reqs unpadded); plan.num_tokens is the padded total
     idx_mapping: torch.Tensor    # [B] int32, state-table row of the b-th request
     num_scheduled: torch.Tensor  # [B] int32
-    sampling: SamplingBatch
+    sampling: SamplingBatch      # over the requests, or over the logits rows of a verify step
     prompt_logprobs: PromptLogprobsPlan | None
+    spec: SpecLayout | None = None  # a verify step (some request has draft slots)
 
     @property
     def num_reqs(self) -> int:
@@ -62,7 +69,7 @@ class StepBatch:
 class ModelRunner:
     def __init__(self, model: nn.Module, model_state: ModelState, kv_cache: torch.Tensor, state: StateTable,
                  use_triton: bool, logprobs_mode: str = "raw_logprobs", attention_backend: str = "reference",
-                 max_num_tokens: int = 8192) -> None:
+                 max_num_tokens: int = 8192, speculative: SpeculativeConfig | None = None) -> None:
         self.model = model
         self.model_state = model_state
         self.kv_cache = kv_cache  # [num_layers, 2, num_blocks, block_size, Hkv, D]
@@ -77,6 +84,7 @@ class ModelRunner:
         self.buffers = StepBuffers(max_reqs, max(max_num_tokens, max_reqs), state.block_table.shape[1], self.device,
                                    state.padding_row)
         self.graphs: GraphDispatcher | None = None  # set once the capture manager has captured
+        self.proposer = NgramProposer(speculative, state, use_triton) if speculative is not None else None
 
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> AsyncStepOutput:
@@ -85,10 +93,13 @@ class ModelRunner:
         if batch.plan.mode is StepMode.FULL:
             return self.outputs.launch(self._replay_full(batch))
         inputs = self._prepare(batch)
+        if batch.spec is not None:
+            return self.outputs.launch(self._verify(batch, inputs))
         hidden = self._forward(batch, inputs)                                    # [T, hidden]
         logits = self.model.compute_logits(hidden.index_select(0, inputs.logits_indices))  # [B, V] float32
         sampled = run_sampler(logits, batch.sampling, self.state, self.use_triton, self.logprobs_mode)
         self._update(batch.idx_mapping, batch.num_scheduled, sampled.sampled)
+        self._propose(batch.idx_mapping)
         return self.outputs.launch(StepOutput(sampled.sampled, sampled.nonfinite, sampled.logprobs,
                                               self._prompt_logprobs(batch, hidden),
                                               batch.prompt_logprobs.spans if batch.prompt_logprobs else ()))
@@ -110,13 +121,20 @@ class ModelRunner:
         b, t = len(rows), sum(counts)
         entries = [SampleEntry(s.row, s.request.params, s.request.sampling, s.request.num_generated - s.samples)
                    for s in sched.scheduled]
-        sampling = build_sampling_batch(entries, self.buffers.step_rows[:b], self.device)
+        num_spec = [s.num_spec for s in sched.scheduled]
+        spec = None
+        if any(num_spec):  # a verify step: the sampling batch covers its logits rows, 1 + num_spec per request
+            spec = build_spec_layout(rows, counts, num_spec, self.device)
+            entries = [e for e, n in zip(entries, num_spec) for _ in range(1 + n)]
+            sampling = build_sampling_batch(entries, spec.expanded_idx, self.device)
+        else:
+            sampling = build_sampling_batch(entries, self.buffers.step_rows[:b], self.device)
         prompt_logprobs = self._plan_prompt_logprobs(sched)
         if self.graphs is None:
             plan = StepPlan(StepMode.EAGER, b, t)
         else:
             q = self.model_state.uniform_query_len
-            full_ok = all(c == q for c in counts) and sampling.plain and prompt_logprobs is None
+            full_ok = all(c == q for c in counts) and sampling.plain and prompt_logprobs is None and spec is None
             plan = self.graphs.plan(b, t, max(seq_lens, default=0), full_ok)
         pad = plan.num_reqs - b  # FULL graphs: extra rows point at the padding row with 0 tokens
         p = plan.num_reqs
@@ -126,7 +144,7 @@ class ModelRunner:
         self.buffers.step_rows[:2 * p].copy_(staged, non_blocking=True)
         idx_mapping, num_scheduled = self.buffers.rows(b, p)
         shape = StepShape(b, t, tuple(counts), tuple(seq_lens))
-        return StepBatch(plan, shape, idx_mapping, num_scheduled, sampling, prompt_logprobs)
+        return StepBatch(plan, shape, idx_mapping, num_scheduled, sampling, prompt_logprobs, spec)
 
     def _prepare(self, batch: StepBatch) -> StepInputs:
         cols = blocks_needed(max(batch.shape.seq_lens, default=1), self.block_size)
@@ -141,6 +159,27 @@ class ModelRunner:
         mode = self.graphs.forward_mode(batch.plan) if self.graphs is not None else nullcontext()
         with mode:
             return self.run_model(inputs, shape)
+
+    def _verify(self, batch: StepBatch, inputs: StepInputs) -> StepOutput:
+        """A verify step after its inputs: forward, logits of every verified position, rejection sampling, the
+        update by each row's accepted count, and the next drafts."""
+        spec = batch.spec
+        assert spec is not None
+        hidden = self._forward(batch, inputs)                                    # [T, hidden]
+        logits = self.model.compute_logits(hidden.index_select(0, spec.logits_indices))  # [N, V] float32
+        out = verify_sample(logits, batch.sampling, spec, batch.idx_mapping, self.state, self.use_triton,
+                            self.logprobs_mode)
+        post_update_spec(batch.idx_mapping, batch.num_scheduled, spec.num_spec, out.output_ids, out.num_accepted,
+                         self.state.token_ids, self.state.num_computed, self.state.num_tokens)
+        self._propose(batch.idx_mapping)
+        plp = batch.prompt_logprobs
+        return StepOutput(out.output_ids[:, 0].contiguous(), out.nonfinite, out.logprobs,
+                          self._prompt_logprobs(batch, hidden), plp.spans if plp else (),
+                          SpecTensors(out.output_ids, out.num_accepted, out.num_drafts, spec.first_row))
+
+    def _propose(self, idx_mapping: torch.Tensor) -> None:
+        if self.proposer is not None:
+            self.proposer.propose(idx_mapping)
 
     def _update(self, idx_mapping: torch.Tensor, num_scheduled: torch.Tensor, sampled: torch.Tensor) -> None:
         post_update(idx_mapping, num_scheduled, sampled, self.state.token_ids, self.state.num_computed,
@@ -204,6 +243,7 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden.index_select(0, inputs.logits_indices))  # [P, V] float32
         out = run_sampler(logits, SamplingBatch(idx, False, False, False, -1), self.state, self.use_triton)
         self._update(idx, counts, out.sampled)
+        self._propose(idx)
         return out.sampled, out.nonfinite
 
     def capture_bodies(self) -> StepBodies:

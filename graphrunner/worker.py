@@ -88,7 +88,7 @@ def build_runner(config: EngineConfig, model_state: ModelState | None = None) ->
                        config.use_triton)
     placeholder = allocate_kv_cache(config.model, 2, bs, config.dtype, config.device)
     runner = ModelRunner(model, model_state, placeholder, state, config.use_triton, config.logprobs_mode,
-                         config.attention_backend, sc.max_num_batched_tokens)
+                         config.attention_backend, sc.max_num_batched_tokens, config.speculative)
     manager = None
     if compile_on_gpu and config.cudagraph_mode != "none":
         full_sizes, token_sizes = graph_sizes(config, model_state)

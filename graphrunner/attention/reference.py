@@ -106,13 +106,19 @@ def paged_attention_ref(
     starts = plan["starts"]
     assert isinstance(starts, list)
     for b in plan["prefill_rows"]:  # type: ignore[union-attr]
+        # seq_lens_cpu may be an upper bound (speculative decoding: the host does not know how many drafts the
+        # step in flight accepted); the device seq_lens are exact, so positions come from them, and the gathered
+        # context past them is masked (and its values zeroed: stale slots there may hold anything)
         q_len, s_len, start = meta.query_lens_cpu[b], meta.seq_lens_cpu[b], starts[b]
         q = query[start:start + q_len].transpose(0, 1)                    # [Hq, q, D]
         k, v = _gather_kv(layer_cache, meta.block_table[b:b + 1], s_len)  # [1, s, Hkv, D]
         k = k[0].transpose(0, 1).repeat_interleave(group, dim=0)          # [Hq, s, D]
         v = v[0].transpose(0, 1).repeat_interleave(group, dim=0)
-        q_pos = torch.arange(s_len - q_len, s_len, device=query.device)
+        seq = meta.seq_lens[b].long()                                     # [] exact context length
+        q_pos = seq - q_len + torch.arange(q_len, device=query.device)
         k_pos = torch.arange(s_len, device=query.device)
+        k = k.masked_fill((k_pos >= seq)[None, :, None], 0.0)
+        v = v.masked_fill((k_pos >= seq)[None, :, None], 0.0)
         mask = k_pos[None, :] <= q_pos[:, None]
         if sliding_window is not None:
             mask &= k_pos[None, :] > (q_pos[:, None] - sliding_window)
