@@ -41,7 +41,7 @@ class CaptureManager:
         self.full_sizes = sorted(full_sizes)  # empty: no FULL graphs
         self.token_sizes = sorted(token_sizes) if pieces is not None else []
         self.pool: Any = None  # the shared graph memory pool, made at the first capture
-        self._full: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, torch.Tensor]]] = {}
+        self._full: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...]]] = {}
         self.pool_bytes = 0
         self.capture_seconds = 0.0
         self.mode_counts: Counter[StepMode] = Counter()  # steps planned per mode (tests and benchmarks read it)
@@ -76,7 +76,7 @@ class CaptureManager:
             return piecewise_graphs(plan.num_tokens, self.pool)
         return nullcontext()
 
-    def replay_full(self, plan: StepPlan) -> tuple[torch.Tensor, torch.Tensor]:
+    def replay_full(self, plan: StepPlan) -> tuple[torch.Tensor, ...]:
         graph, outputs = self._full[(plan.num_reqs, plan.num_splits)]
         graph.replay()
         return outputs
@@ -109,7 +109,7 @@ class CaptureManager:
                 self.buffers.fill_padding_rows(num_reqs)
                 bodies.full_decode(num_reqs, splits)
                 graph, outputs = cuda_piece._record(bodies.full_decode, (num_reqs, splits), self.pool)
-                self._full[(num_reqs, splits)] = (graph, (weak_alias(outputs[0]), weak_alias(outputs[1])))
+                self._full[(num_reqs, splits)] = (graph, tuple(weak_alias(o) for o in outputs))
                 bar(f"full decode {num_reqs} x{splits}")
         self.capture_seconds = time.perf_counter() - start
         del retired

@@ -240,6 +240,7 @@ class Engine:
         for req in victims.values():
             self.scheduler.finish(req, "error")
             req.num_inflight = 0
+            req.num_spec_inflight = 0
             parent = self._parents.get(req.parent_id)
             if parent is not None:
                 hit[parent.request_id] = parent

@@ -27,7 +27,7 @@ from graphrunner.sampling.logprobs import LogprobsTensors, prompt_logprobs_chunk
 from graphrunner.sampling.sampler import run_sampler
 from graphrunner.scheduler import SchedulerOutput
 from graphrunner.spec_config import SpeculativeConfig
-from graphrunner.spec_decode.layout import SpecLayout, build_spec_layout
+from graphrunner.spec_decode.layout import SpecLayout, build_spec_layout, uniform_spec_layout
 from graphrunner.spec_decode.proposer import NgramProposer
 from graphrunner.spec_decode.sampler import verify_sample
 from graphrunner.spec_decode.update import post_update_spec
@@ -81,8 +81,10 @@ class ModelRunner:
         self.device = state.device
         self.outputs = OutputCopier(self.device)
         max_reqs, self.max_model_len = state.padding_row, state.token_ids.shape[1]
-        self.buffers = StepBuffers(max_reqs, max(max_num_tokens, max_reqs), state.block_table.shape[1], self.device,
-                                   state.padding_row)
+        self.spec_k = speculative.num_speculative_tokens if speculative is not None else 0
+        # a FULL verify graph of max_reqs requests holds (1 + k) tokens each, even above the token budget
+        self.buffers = StepBuffers(max_reqs, max(max_num_tokens, max_reqs * (1 + self.spec_k)),
+                                   state.block_table.shape[1], self.device, state.padding_row)
         self.graphs: GraphDispatcher | None = None  # set once the capture manager has captured
         self.proposer = NgramProposer(speculative, state, use_triton) if speculative is not None else None
 
@@ -133,8 +135,9 @@ class ModelRunner:
         if self.graphs is None:
             plan = StepPlan(StepMode.EAGER, b, t)
         else:
-            q = self.model_state.uniform_query_len
-            full_ok = all(c == q for c in counts) and sampling.plain and prompt_logprobs is None and spec is None
+            q = self.model_state.uniform_query_len  # 1 + k in a speculative engine (its FULL graphs verify)
+            full_ok = (all(c == q for c in counts) and all(n == q - 1 for n in num_spec) and sampling.plain
+                       and prompt_logprobs is None)
             plan = self.graphs.plan(b, t, max(seq_lens, default=0), full_ok)
         pad = plan.num_reqs - b  # FULL graphs: extra rows point at the padding row with 0 tokens
         p = plan.num_reqs
@@ -187,10 +190,16 @@ class ModelRunner:
 
     def _replay_full(self, batch: StepBatch) -> StepOutput:
         assert self.graphs is not None
-        sampled, nonfinite = self.graphs.replay_full(batch.plan)
+        outputs = self.graphs.replay_full(batch.plan)
         # clones: the graph's buffers are rewritten by the next replay before the copy stream reads them
         b = batch.num_reqs
-        return StepOutput(sampled[:b].clone(), nonfinite[:b].clone())
+        sampled, nonfinite = outputs[0][:b].clone(), outputs[1][:b].clone()
+        if len(outputs) == 2:
+            return StepOutput(sampled, nonfinite)
+        q = 1 + self.spec_k
+        spec = SpecTensors(outputs[2][:b].clone(), outputs[3][:b].clone(), outputs[4][:b].clone(),
+                           tuple(range(0, b * q, q)))
+        return StepOutput(sampled, nonfinite, spec=spec)
 
     # -- prompt logprobs -------------------------------------------------------------------
     def _plan_prompt_logprobs(self, sched: SchedulerOutput) -> PromptLogprobsPlan | None:
@@ -229,9 +238,12 @@ class ModelRunner:
         with forward_context(meta, self.kv_cache, self.attention_backend):
             return self.model_state.forward(self.model, inputs.input_ids, inputs.positions).hidden
 
-    def full_decode_body(self, num_reqs: int, num_splits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def full_decode_body(self, num_reqs: int, num_splits: int) -> tuple[torch.Tensor, ...]:
         """The FULL graph of a uniform decode over the first `num_reqs` step rows: prepare, forward,
-        logits, Gumbel/argmax sampling, post-update. Returns (sampled [P] int32, nonfinite [P] bool)."""
+        logits, Gumbel/argmax sampling, post-update. Returns (sampled [P] int32, nonfinite [P] bool).
+        A speculative engine's uniform step is a verify step instead (full_verify_body)."""
+        if self.spec_k:
+            return self.full_verify_body(num_reqs, num_splits)
         idx, counts = self.buffers.rows(num_reqs, num_reqs)
         q = self.model_state.uniform_query_len
         cols = self.buffers.max_block_cols  # the whole table: a graph's shapes cannot follow the batch's lengths
@@ -245,6 +257,28 @@ class ModelRunner:
         self._update(idx, counts, out.sampled)
         self._propose(idx)
         return out.sampled, out.nonfinite
+
+    def full_verify_body(self, num_reqs: int, num_splits: int) -> tuple[torch.Tensor, ...]:
+        """The FULL graph of a uniform verify step (1 + k tokens for each of the first `num_reqs` step rows, padding
+        rows 0): prepare, forward, logits of every token, rejection sampling, post-update by the accepted counts,
+        n-gram proposal. Returns (sampled [P], nonfinite [P], output_ids [P, K + 1], num_accepted [P],
+        num_drafts [P])."""
+        idx, counts = self.buffers.rows(num_reqs, num_reqs)
+        q = 1 + self.spec_k
+        cols = self.buffers.max_block_cols
+        inputs = prepare_inputs(idx, counts, self.state.token_ids, self.state.num_computed, self.state.block_table,
+                                self.block_size, num_reqs * q, cols, self.use_triton,
+                                out=self.buffers.views(num_reqs, num_reqs * q, cols))
+        shape = StepShape(num_reqs, num_reqs * q, (q,) * num_reqs, (self.max_model_len,) * num_reqs, num_splits)
+        hidden = self.run_model(inputs, shape)                                  # [P * q, hidden]
+        layout = uniform_spec_layout(idx, counts, self.spec_k)
+        logits = self.model.compute_logits(hidden)                              # [P * q, V] float32
+        out = verify_sample(logits, SamplingBatch(layout.expanded_idx, False, False, False, -1), layout, idx,
+                            self.state, self.use_triton)
+        post_update_spec(idx, counts, layout.num_spec, out.output_ids, out.num_accepted, self.state.token_ids,
+                         self.state.num_computed, self.state.num_tokens)
+        self._propose(idx)
+        return out.output_ids[:, 0].contiguous(), out.nonfinite, out.output_ids, out.num_accepted, out.num_drafts
 
     def capture_bodies(self) -> StepBodies:
         return StepBodies(forward=self.run_model, full_decode=self.full_decode_body)

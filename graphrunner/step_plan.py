@@ -60,8 +60,8 @@ class GraphDispatcher(Protocol):
     def forward_mode(self, plan: StepPlan) -> AbstractContextManager[None]:
         """Context for a non-FULL forward (piecewise replay when the plan says so)."""
 
-    def replay_full(self, plan: StepPlan) -> tuple[torch.Tensor, torch.Tensor]:
-        """Replay the FULL graph; returns its (sampled [P] int32, nonfinite [P] bool) buffers."""
+    def replay_full(self, plan: StepPlan) -> tuple[torch.Tensor, ...]:
+        """Replay the FULL graph; returns its output buffers, those of StepBodies.full_decode."""
 
 
 @dataclass(frozen=True)
@@ -71,5 +71,6 @@ class StepBodies:
     # the model over prepared inputs, attention context set: returns hidden states [T, hidden]
     forward: Callable[[StepInputs, StepShape], torch.Tensor]
     # prepare..update of a uniform decode over the first P step rows, with a fixed KV split count:
-    # (num_reqs P, num_splits) -> (sampled [P] int32, nonfinite [P] bool)
-    full_decode: Callable[[int, int], tuple[torch.Tensor, torch.Tensor]]
+    # (num_reqs P, num_splits) -> (sampled [P] int32, nonfinite [P] bool); a speculative engine's uniform
+    # verify step adds (output_ids [P, K + 1] int32, num_accepted [P] int32, num_drafts [P] int32)
+    full_decode: Callable[[int, int], tuple[torch.Tensor, ...]]

@@ -26,7 +26,9 @@ GRAPH_POOL_MARGIN = 1.25
 
 def build_model_state(config: EngineConfig) -> ModelState:
     """The engine's one ModelState: the registry's class for the architecture, with the engine's block size."""
-    return get_model_state(config.model.architecture)(config.model, block_size=config.cache.block_size)
+    k = config.speculative.num_speculative_tokens if config.speculative is not None else 0
+    return get_model_state(config.model.architecture)(config.model, block_size=config.cache.block_size,
+                                                      num_speculative_tokens=k)
 
 
 def _profile_peak_bytes(runner: ModelRunner, config: EngineConfig) -> int:

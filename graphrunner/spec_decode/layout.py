@@ -28,6 +28,16 @@ class SpecLayout:
     row_j: torch.Tensor           # [N] int64 index of the row within its request (0 = first verified position)
 
 
+def uniform_spec_layout(idx_mapping: torch.Tensor, num_scheduled: torch.Tensor, k: int) -> SpecLayout:
+    """The layout of a uniform verify step (a FULL graph's): every request has 1 + k tokens and as many logits rows,
+    built on the device from the step rows (padding requests, 0 tokens, verify nothing)."""
+    p, q, dev = idx_mapping.shape[0], 1 + k, idx_mapping.device
+    ar = torch.arange(p * q, dtype=torch.int64, device=dev)  # [P * q] int64
+    return SpecLayout(
+        p, p * q, k, tuple(range(0, p * q, q)), (num_scheduled - 1).clamp(min=0),
+        torch.arange(p + 1, dtype=torch.int32, device=dev) * q, ar, idx_mapping.repeat_interleave(q), ar // q, ar % q)
+
+
 def build_spec_layout(rows: list[int], counts: list[int], num_spec: list[int], device: torch.device) -> SpecLayout:
     """rows / counts / num_spec: per scheduled request, its state row, tokens scheduled and draft slots."""
     if not len(rows) == len(counts) == len(num_spec):
