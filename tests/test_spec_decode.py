@@ -79,8 +79,8 @@ def test_greedy_equal_under_chunked_prefill(model_case: tuple[Path, list], k: in
 @pytest.mark.parametrize("k", [1, 3, 5])
 def test_greedy_equal_under_preemption(model_case: tuple[Path, list], k: int) -> None:
     model_dir, ref = model_case
-    # 9 blocks of 8 slots hold the longest request (prompt <= 47 + 40 tokens) but never all of them
-    llm = LLM(model=model_dir, num_gpu_blocks_override=12, block_size=8, speculative_config=_spec(k))
+    # 15 usable blocks of 8 slots hold the longest request (prompt <= 54 + 40 tokens) but never all of them
+    llm = LLM(model=model_dir, num_gpu_blocks_override=16, block_size=8, speculative_config=_spec(k))
     assert _tokens(_generate(llm, _prompts(), GREEDY)) == ref
     assert llm.engine.scheduler.num_preemptions > 0
     assert _accepted(llm) > 0

@@ -19,6 +19,7 @@ from graphrunner import LLM, SamplingParams
 VOCAB = 24
 NUM_REQUESTS = 320
 NEW_TOKENS = 6
+TEMPERATURE = 0.3
 PROMPT = [3, 5, 7, 3, 5, 7, 3, 5, 7, 3, 5]
 SPEC = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 2}
 
@@ -31,7 +32,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _histogram(model_dir: Path, seed_base: int, spec: dict | None) -> tuple[Counter, LLM]:
     llm = LLM(model=model_dir, skip_tokenizer_init=True, num_gpu_blocks_override=512, max_model_len=64,
               max_num_seqs=NUM_REQUESTS, speculative_config=spec)
-    params = [SamplingParams(temperature=0.8, max_tokens=NEW_TOKENS, ignore_eos=True, seed=seed_base + i,
+    params = [SamplingParams(temperature=TEMPERATURE, max_tokens=NEW_TOKENS, ignore_eos=True, seed=seed_base + i,
                              detokenize=False) for i in range(NUM_REQUESTS)]
     outs = llm.generate([{"prompt_token_ids": PROMPT}] * NUM_REQUESTS, params, use_tqdm=False)
     counts: Counter = Counter()
