@@ -4,8 +4,9 @@ one shared memory pool, and tells the runner per step which of them to use (a Gr
 It is handed what it records (the ModelState for shapes and dummy inputs, the step buffers, and the
 step bodies at capture time) and never holds the runner.
 
-FULL graphs are keyed by (padded batch size, KV splits): long contexts at small batches need the
-split-KV attention, whose grid must be fixed when the graph is captured.
+FULL graphs are keyed by (padded batch size, KV splits, tokens per request): long contexts at small
+batches need the split-KV attention, whose grid must be fixed when the graph is captured; a
+speculative engine has plain decode graphs (1 token a request) and verify graphs (1 + k).
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ class CaptureManager:
         self.full_sizes = sorted(full_sizes)  # empty: no FULL graphs
         self.token_sizes = sorted(token_sizes) if pieces is not None else []
         self.pool: Any = None  # the shared graph memory pool, made at the first capture
-        self._full: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...]]] = {}
+        self._full: dict[tuple[int, int, int], tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...]]] = {}
+        self.query_lens = model_state.full_query_lens  # tokens per request of the FULL graphs
         self.pool_bytes = 0
         self.capture_seconds = 0.0
         self.mode_counts: Counter[StepMode] = Counter()  # steps planned per mode (tests and benchmarks read it)
@@ -55,17 +57,19 @@ class CaptureManager:
         keys += [(p, s) for p in self.full_sizes if (s := self._long_splits(p)) > 1]
         return sorted(keys, reverse=True)  # largest first: smaller graphs reuse the pool's blocks
 
-    def plan(self, num_reqs: int, num_tokens: int, max_seq_len: int, full_ok: bool) -> StepPlan:
-        plan = self._plan(num_reqs, num_tokens, max_seq_len, full_ok)
+    def plan(self, num_reqs: int, num_tokens: int, max_seq_len: int, full_ok: bool,
+             query_len: int | None = None) -> StepPlan:
+        plan = self._plan(num_reqs, num_tokens, max_seq_len, full_ok, query_len)
         self.mode_counts[plan.mode] += 1
         return plan
 
-    def _plan(self, num_reqs: int, num_tokens: int, max_seq_len: int, full_ok: bool) -> StepPlan:
-        if full_ok and self.full_sizes and num_reqs <= self.full_sizes[-1]:
+    def _plan(self, num_reqs: int, num_tokens: int, max_seq_len: int, full_ok: bool,
+              query_len: int | None) -> StepPlan:
+        q = self.model_state.uniform_query_len if query_len is None else query_len
+        if full_ok and q in self.query_lens and self.full_sizes and num_reqs <= self.full_sizes[-1]:
             p = self.full_sizes[bisect.bisect_left(self.full_sizes, num_reqs)]
             want = choose_num_splits(p, self.num_kv_heads, max_seq_len)
-            return StepPlan(StepMode.FULL, p, p * self.model_state.uniform_query_len,
-                            self._long_splits(p) if want > 1 else 1)
+            return StepPlan(StepMode.FULL, p, p * q, self._long_splits(p) if want > 1 else 1, q)
         if self.token_sizes and 0 < num_tokens <= self.token_sizes[-1]:
             return StepPlan(StepMode.PIECEWISE, num_reqs,
                             self.token_sizes[bisect.bisect_left(self.token_sizes, num_tokens)])
@@ -77,7 +81,7 @@ class CaptureManager:
         return nullcontext()
 
     def replay_full(self, plan: StepPlan) -> tuple[torch.Tensor, ...]:
-        graph, outputs = self._full[(plan.num_reqs, plan.num_splits)]
+        graph, outputs = self._full[(plan.num_reqs, plan.num_splits, plan.query_len)]
         graph.replay()
         return outputs
 
@@ -98,6 +102,7 @@ class CaptureManager:
             self.pool = torch.cuda.graph_pool_handle()
         free_before = _free_bytes() if on_gpu else 0
         start = time.perf_counter()
+        full_keys = [(p, s, q) for q in sorted(self.query_lens, reverse=True) for p, s in full_keys]
         with _progress(len(token_sizes) + len(full_keys), progress and not largest_only) as bar, fast_capture():
             for size in token_sizes:
                 inputs, shape = self.model_state.dummy_inputs(self.buffers, size)
@@ -105,12 +110,12 @@ class CaptureManager:
                 with piecewise_graphs(size, self.pool, capture=True):
                     bodies.forward(inputs, shape)
                 bar(f"piecewise {size} tokens")
-            for num_reqs, splits in full_keys:
+            for num_reqs, splits, q in full_keys:
                 self.buffers.fill_padding_rows(num_reqs)
-                bodies.full_decode(num_reqs, splits)
-                graph, outputs = cuda_piece._record(bodies.full_decode, (num_reqs, splits), self.pool)
-                self._full[(num_reqs, splits)] = (graph, tuple(weak_alias(o) for o in outputs))
-                bar(f"full decode {num_reqs} x{splits}")
+                bodies.full_decode(num_reqs, splits, q)
+                graph, outputs = cuda_piece._record(bodies.full_decode, (num_reqs, splits, q), self.pool)
+                self._full[(num_reqs, splits, q)] = (graph, tuple(weak_alias(o) for o in outputs))
+                bar(f"full {'verify' if q > 1 else 'decode'} {num_reqs} x{splits}")
         self.capture_seconds = time.perf_counter() - start
         del retired
         if on_gpu:

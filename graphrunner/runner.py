@@ -135,10 +135,11 @@ class ModelRunner:
         if self.graphs is None:
             plan = StepPlan(StepMode.EAGER, b, t)
         else:
-            q = self.model_state.uniform_query_len  # 1 + k in a speculative engine (its FULL graphs verify)
+            # FULL: plain decodes (1 token each) or, with speculation, verify steps with k draft slots each
+            q = 1 + (num_spec[0] if num_spec else 0)
             full_ok = (all(c == q for c in counts) and all(n == q - 1 for n in num_spec) and sampling.plain
-                       and prompt_logprobs is None)
-            plan = self.graphs.plan(b, t, max(seq_lens, default=0), full_ok)
+                       and prompt_logprobs is None and q in (1, 1 + self.spec_k))
+            plan = self.graphs.plan(b, t, max(seq_lens, default=0), full_ok, q)
         pad = plan.num_reqs - b  # FULL graphs: extra rows point at the padding row with 0 tokens
         p = plan.num_reqs
         staged = torch.tensor(rows + [self.state.padding_row] * pad + counts + [0] * pad, dtype=torch.int32)
@@ -194,7 +195,7 @@ class ModelRunner:
         # clones: the graph's buffers are rewritten by the next replay before the copy stream reads them
         b = batch.num_reqs
         sampled, nonfinite = outputs[0][:b].clone(), outputs[1][:b].clone()
-        if len(outputs) == 2:
+        if batch.spec is None:
             return StepOutput(sampled, nonfinite)
         q = 1 + self.spec_k
         spec = SpecTensors(outputs[2][:b].clone(), outputs[3][:b].clone(), outputs[4][:b].clone(),
@@ -238,14 +239,17 @@ class ModelRunner:
         with forward_context(meta, self.kv_cache, self.attention_backend):
             return self.model_state.forward(self.model, inputs.input_ids, inputs.positions).hidden
 
-    def full_decode_body(self, num_reqs: int, num_splits: int) -> tuple[torch.Tensor, ...]:
+    def full_decode_body(self, num_reqs: int, num_splits: int, query_len: int = 1) -> tuple[torch.Tensor, ...]:
         """The FULL graph of a uniform decode over the first `num_reqs` step rows: prepare, forward,
-        logits, Gumbel/argmax sampling, post-update. Returns (sampled [P] int32, nonfinite [P] bool).
-        A speculative engine's uniform step is a verify step instead (full_verify_body)."""
-        if self.spec_k:
+        logits, Gumbel/argmax sampling, post-update (and, with speculation, the n-gram proposal). Returns
+        (sampled [P] int32, nonfinite [P] bool). query_len 1 + k: a verify step (full_verify_body)."""
+        if query_len > 1:
+            if query_len != 1 + self.spec_k:
+                raise ValueError(f"a FULL step of {query_len} tokens a request needs num_speculative_tokens = "
+                                 f"{query_len - 1}, this engine has {self.spec_k}")
             return self.full_verify_body(num_reqs, num_splits)
         idx, counts = self.buffers.rows(num_reqs, num_reqs)
-        q = self.model_state.uniform_query_len
+        q = 1
         cols = self.buffers.max_block_cols  # the whole table: a graph's shapes cannot follow the batch's lengths
         inputs = prepare_inputs(idx, counts, self.state.token_ids, self.state.num_computed, self.state.block_table,
                                 self.block_size, num_reqs * q, cols, self.use_triton,

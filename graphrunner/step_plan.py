@@ -30,6 +30,7 @@ class StepPlan:
     num_reqs: int       # requests, padded up to a captured size in FULL mode
     num_tokens: int     # tokens, padded up to a captured size in PIECEWISE and FULL modes
     num_splits: int = 1  # FULL: the KV split count its graph was captured with
+    query_len: int = 1   # FULL: tokens per request of its graph (1 + k for a speculative verify graph)
 
 
 @dataclass(frozen=True)
@@ -54,8 +55,10 @@ class StepShape:
 
 
 class GraphDispatcher(Protocol):
-    def plan(self, num_reqs: int, num_tokens: int, max_seq_len: int, full_ok: bool) -> StepPlan:
-        """full_ok: the batch is a uniform decode whose sampling the FULL graph covers."""
+    def plan(self, num_reqs: int, num_tokens: int, max_seq_len: int, full_ok: bool,
+             query_len: int | None = None) -> StepPlan:
+        """full_ok: the batch is a uniform decode (query_len tokens a request; None = the ModelState's
+        uniform_query_len) whose sampling the FULL graph covers."""
 
     def forward_mode(self, plan: StepPlan) -> AbstractContextManager[None]:
         """Context for a non-FULL forward (piecewise replay when the plan says so)."""
@@ -70,7 +73,7 @@ class StepBodies:
 
     # the model over prepared inputs, attention context set: returns hidden states [T, hidden]
     forward: Callable[[StepInputs, StepShape], torch.Tensor]
-    # prepare..update of a uniform decode over the first P step rows, with a fixed KV split count:
-    # (num_reqs P, num_splits) -> (sampled [P] int32, nonfinite [P] bool); a speculative engine's uniform
-    # verify step adds (output_ids [P, K + 1] int32, num_accepted [P] int32, num_drafts [P] int32)
-    full_decode: Callable[[int, int], tuple[torch.Tensor, ...]]
+    # prepare..update of a uniform decode over the first P step rows, with a fixed KV split count and q tokens a
+    # request: (num_reqs P, num_splits, q) -> (sampled [P] int32, nonfinite [P] bool); a speculative engine's
+    # verify step (q = 1 + k) adds (output_ids [P, K + 1] int32, num_accepted [P] int32, num_drafts [P] int32)
+    full_decode: Callable[..., tuple[torch.Tensor, ...]]

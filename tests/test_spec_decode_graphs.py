@@ -34,9 +34,11 @@ class _GraphlessFull(CaptureManager):
     """Plans like the real manager, but 'replays' by running the FULL body eagerly (CPU has no graphs)."""
 
     bodies: StepBodies
+    query_lens_replayed: list[int]
 
     def replay_full(self, plan: StepPlan) -> Any:
-        return self.bodies.full_decode(plan.num_reqs, plan.num_splits)
+        self.query_lens_replayed.append(plan.query_len)
+        return self.bodies.full_decode(plan.num_reqs, plan.num_splits, plan.query_len)
 
 
 @pytest.fixture(scope="module")
@@ -54,10 +56,12 @@ def test_full_verify_body_with_padding_rows_matches_eager(model_dir: Path) -> No
     runner = llm.engine.runner
     manager = _GraphlessFull(runner.model_state, runner.buffers, None, [1, 2, 8], [], runner.max_model_len)
     manager.bodies = runner.capture_bodies()
+    manager.query_lens_replayed = []
     runner.graphs = manager
     got = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
-    assert runner.model_state.uniform_query_len == 4
-    assert manager.mode_counts[StepMode.FULL] >= 4  # six requests padded to 8 rows, 4 tokens each
+    assert runner.model_state.full_query_lens == (1, 4)
+    # six requests padded to 8 rows: verify steps of 4 tokens each (and plain decodes near max_tokens)
+    assert manager.query_lens_replayed.count(4) >= 4
     assert got == expected
     assert llm.engine.stats.spec_decode_counts[2] > 0
     state = runner.state
@@ -75,7 +79,7 @@ def test_gpu_graphs_on_equal_without_speculation(tmp_path: Path, k: int) -> None
     assert llm.engine.runner.graphs is not None  # graphs on
     got = [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY)]
     assert got == expected
-    assert llm.engine.runner.graphs.mode_counts[StepMode.FULL] > 0  # FULL verify graphs replayed
+    assert llm.engine.runner.graphs.mode_counts[StepMode.FULL] > 0  # FULL (verify) graphs replayed
     assert llm.engine.stats.spec_decode_counts[2] > 0
     # seeded sampling alone and in a batch, graphs on
     params = [SamplingParams(temperature=0.8, seed=40 + i, max_tokens=32, ignore_eos=True) for i in range(len(prompts))]

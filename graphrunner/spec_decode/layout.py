@@ -35,7 +35,7 @@ def uniform_spec_layout(idx_mapping: torch.Tensor, num_scheduled: torch.Tensor, 
     ar = torch.arange(p * q, dtype=torch.int64, device=dev)  # [P * q] int64
     return SpecLayout(
         p, p * q, k, tuple(range(0, p * q, q)), (num_scheduled - 1).clamp(min=0),
-        torch.arange(p + 1, dtype=torch.int32, device=dev) * q, ar, idx_mapping.repeat_interleave(q), ar // q, ar % q)
+        torch.arange(p + 1, dtype=torch.int32, device=dev) * q, ar, idx_mapping[:, None].expand(p, q).reshape(-1), ar // q, ar % q)
 
 
 def build_spec_layout(rows: list[int], counts: list[int], num_spec: list[int], device: torch.device) -> SpecLayout:
