@@ -27,6 +27,7 @@ from graphrunner.sampling.logprobs import LogprobsTensors, prompt_logprobs_chunk
 from graphrunner.sampling.sampler import run_sampler
 from graphrunner.scheduler import SchedulerOutput
 from graphrunner.spec_config import SpeculativeConfig
+from graphrunner.spec_decode.draft_model import DraftModel, DraftModelProposer
 from graphrunner.spec_decode.layout import SpecLayout, build_spec_layout, uniform_spec_layout
 from graphrunner.spec_decode.proposer import NgramProposer
 from graphrunner.spec_decode.sampler import verify_sample
@@ -69,7 +70,8 @@ class StepBatch:
 class ModelRunner:
     def __init__(self, model: nn.Module, model_state: ModelState, kv_cache: torch.Tensor, state: StateTable,
                  use_triton: bool, logprobs_mode: str = "raw_logprobs", attention_backend: str = "reference",
-                 max_num_tokens: int = 8192, speculative: SpeculativeConfig | None = None) -> None:
+                 max_num_tokens: int = 8192, speculative: SpeculativeConfig | None = None,
+                 draft: DraftModel | None = None) -> None:
         self.model = model
         self.model_state = model_state
         self.kv_cache = kv_cache  # [num_layers, 2, num_blocks, block_size, Hkv, D]
@@ -86,7 +88,13 @@ class ModelRunner:
         self.buffers = StepBuffers(max_reqs, max(max_num_tokens, max_reqs * (1 + self.spec_k)),
                                    state.block_table.shape[1], self.device, state.padding_row)
         self.graphs: GraphDispatcher | None = None  # set once the capture manager has captured
-        self.proposer = NgramProposer(speculative, state, use_triton) if speculative is not None else None
+        self.proposer: NgramProposer | DraftModelProposer | None = None
+        if speculative is not None and speculative.method == "ngram":
+            self.proposer = NgramProposer(speculative, state, use_triton)
+        elif speculative is not None:
+            if draft is None:
+                raise ValueError("speculative method 'draft_model' needs the draft model (runner built without it)")
+            self.proposer = DraftModelProposer(speculative, draft, state, use_triton, attention_backend)
 
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> AsyncStepOutput:
@@ -101,7 +109,7 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden.index_select(0, inputs.logits_indices))  # [B, V] float32
         sampled = run_sampler(logits, batch.sampling, self.state, self.use_triton, self.logprobs_mode)
         self._update(batch.idx_mapping, batch.num_scheduled, sampled.sampled)
-        self._propose(batch.idx_mapping)
+        self._propose(batch.idx_mapping, batch.shape.seq_lens)
         return self.outputs.launch(StepOutput(sampled.sampled, sampled.nonfinite, sampled.logprobs,
                                               self._prompt_logprobs(batch, hidden),
                                               batch.prompt_logprobs.spans if batch.prompt_logprobs else ()))
@@ -138,7 +146,8 @@ class ModelRunner:
             # FULL: plain decodes (1 token each) or, with speculation, verify steps with k draft slots each
             q = 1 + (num_spec[0] if num_spec else 0)
             full_ok = (all(c == q for c in counts) and all(n == q - 1 for n in num_spec) and sampling.plain
-                       and prompt_logprobs is None and q in (1, 1 + self.spec_k))
+                       and prompt_logprobs is None and q in (1, 1 + self.spec_k)
+                       and not isinstance(self.proposer, DraftModelProposer))  # the draft model runs eagerly
             plan = self.graphs.plan(b, t, max(seq_lens, default=0), full_ok, q)
         pad = plan.num_reqs - b  # FULL graphs: extra rows point at the padding row with 0 tokens
         p = plan.num_reqs
@@ -162,7 +171,10 @@ class ModelRunner:
         shape = StepShape(batch.num_reqs, batch.plan.num_tokens, batch.shape.query_lens, batch.shape.seq_lens)
         mode = self.graphs.forward_mode(batch.plan) if self.graphs is not None else nullcontext()
         with mode:
-            return self.run_model(inputs, shape)
+            hidden = self.run_model(inputs, shape)
+        if isinstance(self.proposer, DraftModelProposer):
+            self.proposer.observe(inputs, shape)  # the draft model's KV at the target's positions
+        return hidden
 
     def _verify(self, batch: StepBatch, inputs: StepInputs) -> StepOutput:
         """A verify step after its inputs: forward, logits of every verified position, rejection sampling, the
@@ -175,14 +187,17 @@ class ModelRunner:
                             self.logprobs_mode)
         post_update_spec(batch.idx_mapping, batch.num_scheduled, spec.num_spec, out.output_ids, out.num_accepted,
                          self.state.token_ids, self.state.num_computed, self.state.num_tokens)
-        self._propose(batch.idx_mapping)
+        self._propose(batch.idx_mapping, batch.shape.seq_lens)
         plp = batch.prompt_logprobs
         return StepOutput(out.output_ids[:, 0].contiguous(), out.nonfinite, out.logprobs,
                           self._prompt_logprobs(batch, hidden), plp.spans if plp else (),
                           SpecTensors(out.output_ids, out.num_accepted, out.num_drafts, spec.first_row))
 
-    def _propose(self, idx_mapping: torch.Tensor) -> None:
-        if self.proposer is not None:
+    def _propose(self, idx_mapping: torch.Tensor, seq_lens: tuple[int, ...] = ()) -> None:
+        """Drafts for the next step, after the post-update (seq_lens: the step's host upper bounds)."""
+        if isinstance(self.proposer, DraftModelProposer):
+            self.proposer.propose(idx_mapping, seq_lens)
+        elif self.proposer is not None:
             self.proposer.propose(idx_mapping)
 
     def _update(self, idx_mapping: torch.Tensor, num_scheduled: torch.Tensor, sampled: torch.Tensor) -> None:

@@ -69,6 +69,8 @@ class Scheduler:
                  spec: SpeculativeConfig | None = None) -> None:
         self.config = config
         self.spec = spec
+        # a draft model writes its KV k positions past a row's last token after each step: blocks are kept ahead
+        self.lookahead = spec.num_speculative_tokens if spec is not None and spec.method == "draft_model" else 0
         self.pool = pool
         self.block_size = block_size
         self.rows = RowFreeList(config.max_num_seqs)
@@ -83,7 +85,8 @@ class Scheduler:
 
     def check_fits(self, req: Request) -> None:
         """ValueError unless the whole cache could hold the request at its longest."""
-        need = blocks_needed(req.prompt_len + req.max_tokens, self.block_size)
+        need = blocks_needed(min(req.prompt_len + req.max_tokens + self.lookahead, self.config.max_model_len),
+                             self.block_size)
         if need > self.pool.num_usable:
             raise ValueError(
                 f"request {req.request_id} needs {need} KV blocks (prompt {req.prompt_len} + max_tokens "
@@ -138,7 +141,7 @@ class Scheduler:
 
     def _grow(self, req: Request, num_new: int, out: SchedulerOutput) -> list[int] | None:
         """Allocate blocks for num_new more tokens, preempting the newest running requests if needed."""
-        need = blocks_needed(req.num_computed_tokens + num_new, self.block_size) - len(req.block_ids)
+        need = self._blocks_for(req.num_computed_tokens + num_new) - len(req.block_ids)
         while True:
             got = self.pool.allocate(max(need, 0))
             if got is not None:
@@ -147,6 +150,11 @@ class Scheduler:
             self._preempt(victim, out)
             if victim is req:
                 return None
+
+    def _blocks_for(self, num_tokens: int) -> int:
+        """Blocks a request needs once num_tokens positions are computed (plus the draft model's lookahead)."""
+        return blocks_needed(min(num_tokens + self.lookahead, self.config.max_model_len) if self.lookahead
+                             else num_tokens, self.block_size)
 
     def _admit_waiting(self, out: SchedulerOutput, budget: int) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
@@ -160,7 +168,7 @@ class Scheduler:
                 break  # the whole prompt must fit one step: it waits for an emptier step
             num_new = min(remaining, budget)
             self.pool.hold(hits)  # before allocating: the hits must not be evicted for this very request
-            got = self.pool.allocate(blocks_needed(cached + num_new, self.block_size) - len(hits))
+            got = self.pool.allocate(self._blocks_for(cached + num_new) - len(hits))
             if got is None:
                 self.pool.free(hits)
                 break

@@ -1,6 +1,7 @@
 """Speculative decoding configuration, vLLM's `speculative_config` dict resolved and validated.
 
-Only prompt lookup (`method="ngram"`) is built; other methods are refused with a clear message.
+Prompt lookup (`method="ngram"`) and a draft model (`method="draft_model"`, eager drafting) are built; EAGLE is
+refused with a clear message.
 """
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-SPEC_METHODS = ("ngram",)
+SPEC_METHODS = ("ngram", "draft_model")
 _KNOWN_KEYS = {"method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "disable_by_batch_size",
                "model"}
 MAX_SPEC_TOKENS = 16  # a verify step is 1 + k tokens per request: beyond this the waste dominates
@@ -22,20 +23,24 @@ def _positive_int(name: str, value: Any) -> int:
 
 @dataclass(frozen=True)
 class SpeculativeConfig:
-    """method: "ngram"; k drafts per verify step; n-gram lengths tried from prompt_lookup_max down to
-    prompt_lookup_min; no drafts are scheduled in a step whose running batch has >= disable_by_batch_size
-    requests (None: never disabled)."""
+    """method: "ngram" or "draft_model"; k drafts per verify step; n-gram lengths tried from prompt_lookup_max
+    down to prompt_lookup_min; no drafts are scheduled in a step whose running batch has >= disable_by_batch_size
+    requests (None: never disabled); model: the draft model's directory (draft_model only)."""
 
     method: str = "ngram"
     num_speculative_tokens: int = 3
     prompt_lookup_min: int = 5
     prompt_lookup_max: int = 5
     disable_by_batch_size: int | None = None
+    model: str | None = None
 
     def __post_init__(self) -> None:
         if self.method not in SPEC_METHODS:
             raise ValueError(f"speculative_config method {self.method!r} is not supported; built: {list(SPEC_METHODS)} "
-                             f"(draft_model and eagle are not built yet)")
+                             f"(eagle is not built yet)")
+        if (self.method == "draft_model") != (self.model is not None):
+            raise ValueError("speculative_config 'model' (the draft model's directory) is needed by method "
+                             "'draft_model' and only by it")
         _positive_int("num_speculative_tokens", self.num_speculative_tokens)
         if self.num_speculative_tokens > MAX_SPEC_TOKENS:
             raise ValueError(f"speculative_config num_speculative_tokens must be <= {MAX_SPEC_TOKENS}, "
@@ -62,11 +67,12 @@ class SpeculativeConfig:
         method = raw.get("method")
         if method is None:
             raise ValueError("speculative_config needs a 'method' (e.g. 'ngram')")
-        if method != "ngram":
+        if method not in SPEC_METHODS:
             raise ValueError(f"speculative_config method {method!r} is not supported; built: {list(SPEC_METHODS)} "
-                             f"(draft_model and eagle are not built yet)")
-        if raw.get("model") is not None:
-            raise ValueError("speculative_config 'model' is not used by method 'ngram'; leave it out")
+                             f"(eagle is not built yet)")
+        model = raw.get("model")
+        if model is not None and not isinstance(model, str):
+            model = str(model)  # a Path
         if "num_speculative_tokens" not in raw:
             raise ValueError("speculative_config needs 'num_speculative_tokens' (drafts per verify step)")
         lo, hi = raw.get("prompt_lookup_min"), raw.get("prompt_lookup_max")
@@ -76,4 +82,4 @@ class SpeculativeConfig:
             lo = hi
         elif hi is None:
             hi = lo
-        return cls(method, raw["num_speculative_tokens"], lo, hi, raw.get("disable_by_batch_size"))
+        return cls(method, raw["num_speculative_tokens"], lo, hi, raw.get("disable_by_batch_size"), model)

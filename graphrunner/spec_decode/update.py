@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 
-def _write_tail(token_ids: Tensor, rows: Tensor, start: Tensor, values: Tensor, count: Tensor) -> None:
+def write_tail(token_ids: Tensor, rows: Tensor, start: Tensor, values: Tensor, count: Tensor) -> None:
     """token_ids[rows[b], start[b] + j] = values[b, j] for j < count[b] (count already fits the row). Columns not
     written are pointed at start - 1 and rewrite their own value there, so no two writes of one row collide with
     different values (an index_put with colliding indices would be nondeterministic)."""
@@ -45,7 +45,7 @@ def post_update_spec(
     nt = num_tokens[rows].long()  # [B] int64
     room = (token_ids.shape[1] - nt).clamp(min=0)
     emit = torch.where(nc >= nt, num_accepted.long() + 1, 0).minimum(room)  # [B] int64
-    _write_tail(token_ids, rows, nt, output_ids, emit)
+    write_tail(token_ids, rows, nt, output_ids, emit)
     num_tokens[rows] = (nt + emit).to(torch.int32)
 
 
@@ -64,7 +64,7 @@ def write_drafts(
     rows = idx_mapping.long()  # [B] int64
     nt = num_tokens[rows].long()  # [B] int64
     n = num_drafts.long().minimum((token_ids.shape[1] - nt).clamp(min=0))  # [B] int64
-    _write_tail(token_ids, rows, nt, drafts, n)
+    write_tail(token_ids, rows, nt, drafts, n)
     row_num_drafts[rows] = n.to(torch.int32)
 
 
