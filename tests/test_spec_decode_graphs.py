@@ -89,6 +89,22 @@ def test_gpu_graphs_on_equal_without_speculation(tmp_path: Path, k: int) -> None
 
 
 @pytest.mark.gpu
+def test_gpu_draft_model_graphs_on_equal_without_speculation(tmp_path: Path) -> None:
+    """The target runs piecewise graphs, the draft model eagerly; the target drafting for itself accepts all."""
+    model_dir = make_tiny_model(tmp_path, "Qwen3ForCausalLM")
+    kwargs: dict[str, Any] = {"dtype": "float32", "max_model_len": 256, "device": "cuda", "max_num_seqs": 16}
+    prompts = _prompts()
+    expected = [o.outputs[0].token_ids for o in LLM(model=model_dir, **kwargs).generate(prompts, GREEDY)]
+    spec = {"method": "draft_model", "model": str(model_dir), "num_speculative_tokens": 3}
+    llm = LLM(model=model_dir, speculative_config=spec, **kwargs)
+    assert llm.engine.runner.graphs is not None
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY)] == expected
+    assert llm.engine.runner.graphs.mode_counts[StepMode.PIECEWISE] > 0
+    _, draft_tokens, accepted = llm.engine.stats.spec_decode_counts
+    assert accepted > 0.9 * draft_tokens  # bf16-free fp32: the self-draft agrees (almost) everywhere
+
+
+@pytest.mark.gpu
 def test_gpu_spec_step_loop_never_synchronises(tmp_path: Path) -> None:
     model_dir = make_tiny_model(tmp_path, "Qwen3ForCausalLM")
     llm = LLM(model=model_dir, max_model_len=256, num_gpu_blocks_override=24, max_num_batched_tokens=32,
