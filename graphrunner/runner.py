@@ -88,6 +88,7 @@ class ModelRunner:
         self.buffers = StepBuffers(max_reqs, max(max_num_tokens, max_reqs * (1 + self.spec_k)),
                                    state.block_table.shape[1], self.device, state.padding_row)
         self.graphs: GraphDispatcher | None = None  # set once the capture manager has captured
+        self._drafting = True  # this step's scheduler had speculation on
         self.proposer: NgramProposer | DraftModelProposer | None = None
         if speculative is not None and speculative.method == "ngram":
             self.proposer = NgramProposer(speculative, state, use_triton)
@@ -100,6 +101,7 @@ class ModelRunner:
     def execute(self, sched: SchedulerOutput) -> AsyncStepOutput:
         """Launch one step; the returned output is read after the next step has been launched."""
         batch = self._stage(sched)
+        self._drafting = sched.spec_active
         if batch.plan.mode is StepMode.FULL:
             return self.outputs.launch(self._replay_full(batch))
         inputs = self._prepare(batch)
@@ -196,7 +198,8 @@ class ModelRunner:
     def _propose(self, idx_mapping: torch.Tensor, seq_lens: tuple[int, ...] = ()) -> None:
         """Drafts for the next step, after the post-update (seq_lens: the step's host upper bounds)."""
         if isinstance(self.proposer, DraftModelProposer):
-            self.proposer.propose(idx_mapping, seq_lens)
+            if self._drafting:  # k draft-model forwards: skipped while speculation is disabled by batch size
+                self.proposer.propose(idx_mapping, seq_lens)
         elif self.proposer is not None:
             self.proposer.propose(idx_mapping)
 

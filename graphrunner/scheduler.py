@@ -38,6 +38,9 @@ class ScheduledRequest:
 class SchedulerOutput:
     scheduled: list[ScheduledRequest] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
+    # speculation was on for this step (not disabled by batch size): a draft model drafts for the next step only
+    # then (stale drafts stay valid proposals, so skipping costs acceptance, never correctness)
+    spec_active: bool = False
 
     @property
     def num_tokens(self) -> int:
@@ -102,6 +105,7 @@ class Scheduler:
         out = SchedulerOutput()
         budget = self.config.max_num_batched_tokens
         spec_k = self._spec_tokens()
+        out.spec_active = spec_k > 0
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]

@@ -73,3 +73,22 @@ def test_bad_draft_models_are_refused(models: tuple[Path, Path, list], tmp_path:
         LLM(model=target, speculative_config=_spec(small_vocab, 2))
     with pytest.raises(ValueError, match="not a model directory"):
         LLM(model=target, speculative_config=_spec(tmp_path / "missing", 2))
+
+
+def test_disable_by_batch_size_skips_drafting(models: tuple[Path, Path, list]) -> None:
+    target, _, ref = models
+    spec = {**_spec(target, 3), "disable_by_batch_size": 2}
+    llm = LLM(model=target, num_gpu_blocks_override=256, speculative_config=spec)
+    calls = 0
+    propose = llm.engine.runner.proposer.propose
+
+    def counted(*args: object) -> None:
+        nonlocal calls
+        calls += 1
+        propose(*args)
+
+    llm.engine.runner.proposer.propose = counted  # type: ignore[method-assign]
+    assert _tokens(llm) == ref
+    assert llm.engine.stats.spec_decode_counts[0] == 0 and calls <= 1  # six requests: no drafting after admission
+    one = llm.generate([{"prompt_token_ids": _prompts()[3]}], GREEDY, use_tqdm=False)[0].outputs[0].token_ids
+    assert one == ref[3] and llm.engine.stats.spec_decode_counts[2] > 0 and calls > 1
