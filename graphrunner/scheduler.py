@@ -88,8 +88,7 @@ class Scheduler:
 
     def check_fits(self, req: Request) -> None:
         """ValueError unless the whole cache could hold the request at its longest."""
-        need = blocks_needed(min(req.prompt_len + req.max_tokens + self.lookahead, self.config.max_model_len),
-                             self.block_size)
+        need = self._blocks_for(req.prompt_len + req.max_tokens)
         if need > self.pool.num_usable:
             raise ValueError(
                 f"request {req.request_id} needs {need} KV blocks (prompt {req.prompt_len} + max_tokens "
