@@ -148,8 +148,7 @@ class ModelRunner:
             # FULL: plain decodes (1 token each) or, with speculation, verify steps with k draft slots each
             q = 1 + (num_spec[0] if num_spec else 0)
             full_ok = (all(c == q for c in counts) and all(n == q - 1 for n in num_spec) and sampling.plain
-                       and prompt_logprobs is None and q in (1, 1 + self.spec_k)
-                       and not isinstance(self.proposer, DraftModelProposer))  # the draft model runs eagerly
+                       and prompt_logprobs is None and q in (1, 1 + self.spec_k))
             plan = self.graphs.plan(b, t, max(seq_lens, default=0), full_ok, q)
         pad = plan.num_reqs - b  # FULL graphs: extra rows point at the padding row with 0 tokens
         p = plan.num_reqs
@@ -174,9 +173,12 @@ class ModelRunner:
         mode = self.graphs.forward_mode(batch.plan) if self.graphs is not None else nullcontext()
         with mode:
             hidden = self.run_model(inputs, shape)
+        self._observe(inputs, shape)
+        return hidden
+
+    def _observe(self, inputs: StepInputs, shape: StepShape) -> None:
         if isinstance(self.proposer, DraftModelProposer):
             self.proposer.observe(inputs, shape)  # the draft model's KV at the target's positions
-        return hidden
 
     def _verify(self, batch: StepBatch, inputs: StepInputs) -> StepOutput:
         """A verify step after its inputs: forward, logits of every verified position, rejection sampling, the
@@ -274,10 +276,12 @@ class ModelRunner:
                                 out=self.buffers.views(num_reqs, num_reqs * q, cols))
         shape = StepShape(num_reqs, num_reqs * q, (q,) * num_reqs, (self.max_model_len,) * num_reqs, num_splits)
         hidden = self.run_model(inputs, shape)                                  # [P * q, hidden]
+        self._observe(inputs, shape)
         logits = self.model.compute_logits(hidden.index_select(0, inputs.logits_indices))  # [P, V] float32
         out = run_sampler(logits, SamplingBatch(idx, False, False, False, -1), self.state, self.use_triton)
         self._update(idx, counts, out.sampled)
-        self._propose(idx)
+        if not isinstance(self.proposer, DraftModelProposer):  # a plain decode step drafts nothing with a model:
+            self._propose(idx)  # (speculation was off; stale drafts stay valid proposals)
         return out.sampled, out.nonfinite
 
     def full_verify_body(self, num_reqs: int, num_splits: int) -> tuple[torch.Tensor, ...]:
@@ -293,13 +297,14 @@ class ModelRunner:
                                 out=self.buffers.views(num_reqs, num_reqs * q, cols))
         shape = StepShape(num_reqs, num_reqs * q, (q,) * num_reqs, (self.max_model_len,) * num_reqs, num_splits)
         hidden = self.run_model(inputs, shape)                                  # [P * q, hidden]
+        self._observe(inputs, shape)
         layout = uniform_spec_layout(idx, counts, self.spec_k)
         logits = self.model.compute_logits(hidden)                              # [P * q, V] float32
         out = verify_sample(logits, SamplingBatch(layout.expanded_idx, False, False, False, -1), layout, idx,
                             self.state, self.use_triton)
         post_update_spec(idx, counts, layout.num_spec, out.output_ids, out.num_accepted, self.state.token_ids,
                          self.state.num_computed, self.state.num_tokens)
-        self._propose(idx)
+        self._propose(idx, shape.seq_lens)
         return out.output_ids[:, 0].contiguous(), out.nonfinite, out.output_ids, out.num_accepted, out.num_drafts
 
     def capture_bodies(self) -> StepBodies:

@@ -120,8 +120,6 @@ def build_runner(config: EngineConfig, model_state: ModelState | None = None) ->
     manager = None
     if compile_on_gpu and config.cudagraph_mode != "none":
         full_sizes, token_sizes = graph_sizes(config, model_state)
-        if draft is not None:
-            full_sizes = []  # the draft model drafts eagerly: no FULL graphs
         pieces = backend.graph_pieces if backend is not None else None
         manager = CaptureManager(model_state, runner.buffers, pieces, full_sizes, token_sizes, sc.max_model_len)
     peak = reserved = 0

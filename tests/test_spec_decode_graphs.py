@@ -68,6 +68,27 @@ def test_full_verify_body_with_padding_rows_matches_eager(model_dir: Path) -> No
     assert int(state.num_tokens[state.padding_row]) == 1 and int(state.num_computed[state.padding_row]) == 0
 
 
+def test_full_verify_body_drafts_with_a_model(model_dir: Path) -> None:
+    """The draft model inside the FULL bodies (observe the step's inputs, draft k tokens): the target drafting for
+    itself has every draft accepted, and the tokens equal eager ones."""
+    spec = {"method": "draft_model", "model": str(model_dir), "num_speculative_tokens": 3}
+    kwargs: dict[str, Any] = {"num_gpu_blocks_override": 60, "max_model_len": 96, "max_num_seqs": 8,
+                              "speculative_config": spec}
+    prompts = _prompts()
+    expected = [o.outputs[0].token_ids for o in LLM(model=model_dir, **kwargs).generate(prompts, GREEDY)]
+    llm = LLM(model=model_dir, **kwargs)
+    runner = llm.engine.runner
+    manager = _GraphlessFull(runner.model_state, runner.buffers, None, [1, 2, 8], [], runner.max_model_len)
+    manager.bodies = runner.capture_bodies()
+    manager.query_lens_replayed = []
+    runner.graphs = manager
+    got = [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY)]
+    assert manager.query_lens_replayed.count(4) >= 4
+    assert got == expected
+    _, draft_tokens, accepted = llm.engine.stats.spec_decode_counts
+    assert draft_tokens > 0 and accepted == draft_tokens
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("k", [1, 3])
 def test_gpu_graphs_on_equal_without_speculation(tmp_path: Path, k: int) -> None:
@@ -90,7 +111,7 @@ def test_gpu_graphs_on_equal_without_speculation(tmp_path: Path, k: int) -> None
 
 @pytest.mark.gpu
 def test_gpu_draft_model_graphs_on_equal_without_speculation(tmp_path: Path) -> None:
-    """The target runs piecewise graphs, the draft model eagerly; the target drafting for itself accepts all."""
+    """FULL verify graphs hold the draft model's forwards; the target drafting for itself accepts (almost) all."""
     model_dir = make_tiny_model(tmp_path, "Qwen3ForCausalLM")
     kwargs: dict[str, Any] = {"dtype": "float32", "max_model_len": 256, "device": "cuda", "max_num_seqs": 16}
     prompts = _prompts()
@@ -99,7 +120,7 @@ def test_gpu_draft_model_graphs_on_equal_without_speculation(tmp_path: Path) -> 
     llm = LLM(model=model_dir, speculative_config=spec, **kwargs)
     assert llm.engine.runner.graphs is not None
     assert [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY)] == expected
-    assert llm.engine.runner.graphs.mode_counts[StepMode.PIECEWISE] > 0
+    assert llm.engine.runner.graphs.mode_counts[StepMode.FULL] > 0  # FULL verify graphs, the draft inside
     _, draft_tokens, accepted = llm.engine.stats.spec_decode_counts
     assert accepted > 0.9 * draft_tokens  # bf16-free fp32: the self-draft agrees (almost) everywhere
 

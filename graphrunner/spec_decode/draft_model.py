@@ -1,10 +1,11 @@
-"""The draft-model proposer (vLLM's method="draft_model"), eager: a smaller model with the same vocabulary, its
+"""The draft-model proposer (vLLM's method="draft_model"): a smaller model with the same vocabulary, its
 own ModelState and KV cache, indexed by the target's block table and slots (same block ids, its own tensor).
 
 Every step the draft model runs over the target's own step inputs (so its KV matches the target's positions,
 prefill chunks included; rejected drafts' positions are rewritten by the next step, like the target's). After the
 post-update it drafts greedily: k single-token forwards from each row's last token, each draft written into the
-row's history tail. The scheduler reserves k positions of KV blocks ahead for these writes.
+row's history tail. The scheduler reserves k positions of KV blocks ahead for these writes. Nothing here syncs
+with the host, so a FULL verify graph records these forwards too (the draft model itself is not compiled).
 """
 
 from __future__ import annotations
