@@ -24,6 +24,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workloads", default="copy,random", help="comma list of copy, random")
     p.add_argument("--batch-sizes", default="1,64")
     p.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
+    p.add_argument("--method", default="ngram", choices=("ngram", "draft_model"))
+    p.add_argument("--draft-model", default=None, help="draft_model: the draft's HF-format directory")
     p.add_argument("--prompt-lookup-min", type=int, default=2)
     p.add_argument("--prompt-lookup-max", type=int, default=4)
     p.add_argument("--disable-by-batch-size", type=int, default=None)
@@ -79,14 +81,20 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     device = resolve_device(args.device)
     report = Report("bench_spec", vars(args))
-    spec = {"method": "ngram", "num_speculative_tokens": args.k, "prompt_lookup_min": args.prompt_lookup_min,
-            "prompt_lookup_max": args.prompt_lookup_max, "disable_by_batch_size": args.disable_by_batch_size}
+    spec: dict[str, Any] = {"method": args.method, "num_speculative_tokens": args.k,
+                            "disable_by_batch_size": args.disable_by_batch_size}
+    if args.method == "ngram":
+        spec.update(prompt_lookup_min=args.prompt_lookup_min, prompt_lookup_max=args.prompt_lookup_max)
+    else:
+        if args.draft_model is None:
+            raise SystemExit("--method draft_model needs --draft-model DIR")
+        spec["model"] = args.draft_model
     for workload in [w.strip() for w in args.workloads.split(",") if w.strip()]:
         for batch in parse_int_list(args.batch_sizes):
             base = run_case(args, device, workload, batch, None)
             fast = run_case(args, device, workload, batch, spec)
             key = f"{workload} b={batch}"
-            peer = f"no spec (k={args.k} ours)"
+            peer = "no spec"
             report.add(Row(key, "TPOT", "ms", False, fast["tpot_ms"], peer, base["tpot_ms"]))
             report.add(Row(key, "step", "ms", False, fast["step_ms"], peer, base["step_ms"],
                            note="verify step vs plain decode step"))
