@@ -71,6 +71,16 @@ def graph_sizes(config: EngineConfig, model_state: ModelState) -> tuple[list[int
             model_state.token_buckets(sc.max_num_batched_tokens))
 
 
+def mixed_graph_sizes(config: EngineConfig, model_state: ModelState) -> list[tuple[int, int]]:
+    """(batch size, tokens) of the mixed FULL graphs an engine with this config captures. They need an
+    attention backend that reads every length on the device (the Triton one; the reference backend
+    sizes its work from host lengths)."""
+    if not graph_sizes(config, model_state)[0]:
+        return []
+    sc = config.scheduler
+    return model_state.mixed_full_sizes(sc.max_num_seqs, sc.max_num_batched_tokens)
+
+
 def manifest_for(config: EngineConfig, model_state: ModelState) -> Manifest:
     full, buckets = graph_sizes(config, model_state)
     return Manifest.current(config.model_dir, config.dtype, config.device, tuple(buckets), tuple(full))

@@ -4,9 +4,13 @@ one shared memory pool, and tells the runner per step which of them to use (a Gr
 It is handed what it records (the ModelState for shapes and dummy inputs, the step buffers, and the
 step bodies at capture time) and never holds the runner.
 
-FULL graphs are keyed by (padded batch size, KV splits, tokens per request): long contexts at small
-batches need the split-KV attention, whose grid must be fixed when the graph is captured; a
-speculative engine has plain decode graphs (1 token a request) and verify graphs (1 + k).
+FULL graphs are keyed by (padded batch size, padded tokens, KV splits, mixed): long contexts at small
+batches need the split-KV attention, whose grid must be fixed when the graph is captured. Uniform decodes
+have graphs per batch size; small batches with prefill chunks (a new request's prompt, a cache hit's
+suffix) have mixed graphs per (batch size, token bucket), so a short prefill costs one replay instead of
+a piecewise step's per-layer attention launches from the host. A speculative engine's uniform graphs
+come in two query lengths (the ModelState's `full_query_lens`): plain decodes (1 token a request) and
+verify steps (1 + k); their token counts tell them apart.
 """
 
 from __future__ import annotations
@@ -23,17 +27,20 @@ import torch
 
 from capture import cuda_piece
 from capture.cuda_piece import GraphPiece, fast_capture, piecewise_graphs, weak_alias
-from graphrunner.attention.triton_attention import choose_num_splits
+from graphrunner.attention.triton_attention import choose_num_splits, query_tiles
 from graphrunner.input_prep import StepBuffers
 from graphrunner.step_plan import StepBodies, StepMode, StepPlan
 from model_states.base import ModelState
+
+FullKey = tuple[int, int, int, bool]  # (batch size, tokens, KV splits, mixed)
 
 
 class CaptureManager:
     """Owns every CUDA graph of one runner; implements graphrunner.step_plan.GraphDispatcher."""
 
     def __init__(self, model_state: ModelState, buffers: StepBuffers, pieces: list[GraphPiece] | None,
-                 full_sizes: list[int], token_sizes: list[int], max_model_len: int) -> None:
+                 full_sizes: list[int], token_sizes: list[int], max_model_len: int,
+                 mixed_sizes: list[tuple[int, int]] | None = None) -> None:
         self.model_state = model_state
         self.buffers = buffers
         self.max_model_len = max_model_len
@@ -41,35 +48,49 @@ class CaptureManager:
         self.num_kv_heads = model_state.config.num_kv_heads
         self.full_sizes = sorted(full_sizes)  # empty: no FULL graphs
         self.token_sizes = sorted(token_sizes) if pieces is not None else []
+        self.mixed_sizes = sorted(mixed_sizes or [])  # (batch size, tokens) of mixed FULL graphs; empty: none
         self.pool: Any = None  # the shared graph memory pool, made at the first capture
-        self._full: dict[tuple[int, int, int], tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...]]] = {}
-        self.query_lens = model_state.full_query_lens  # tokens per request of the FULL graphs
+        self._full: dict[FullKey, tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...]]] = {}
         self.pool_bytes = 0
         self.capture_seconds = 0.0
         self.mode_counts: Counter[StepMode] = Counter()  # steps planned per mode (tests and benchmarks read it)
+        self.mixed_steps = 0  # FULL steps that used a mixed graph
 
     # -- dispatch ----------------------------------------------------------------------------
-    def _long_splits(self, num_reqs: int) -> int:
-        return choose_num_splits(num_reqs, self.num_kv_heads, self.max_model_len)
+    def _long_splits(self, num_reqs: int, max_query_len: int = 1) -> int:
+        tiles = num_reqs * query_tiles(max_query_len, self.model_state.config.num_heads // self.num_kv_heads)
+        return choose_num_splits(tiles, self.num_kv_heads, self.max_model_len)
 
-    def full_keys(self) -> list[tuple[int, int]]:
-        keys = [(p, 1) for p in self.full_sizes]
-        keys += [(p, s) for p in self.full_sizes if (s := self._long_splits(p)) > 1]
-        return sorted(keys, reverse=True)  # largest first: smaller graphs reuse the pool's blocks
+    def full_keys(self) -> list[FullKey]:
+        """(batch size, tokens, KV splits, mixed) of every FULL graph, largest first (smaller graphs reuse
+        the pool's blocks). A mixed graph has one split count, the one its longest context needs: with a
+        short context the extra splits find no keys and cost one small merge."""
+        keys: list[FullKey] = []
+        for q in self.model_state.full_query_lens:
+            keys += [(p, p * q, 1, False) for p in self.full_sizes]
+            keys += [(p, p * q, s, False) for p in self.full_sizes if (s := self._long_splits(p, q)) > 1]
+        keys += [(p, t, self._long_splits(p, t), True) for p, t in self.mixed_sizes]
+        return sorted(keys, key=lambda k: (k[1], k[0], k[2]), reverse=True)
 
     def plan(self, num_reqs: int, num_tokens: int, max_seq_len: int, full_ok: bool,
-             query_len: int | None = None) -> StepPlan:
-        plan = self._plan(num_reqs, num_tokens, max_seq_len, full_ok, query_len)
+             mixed_ok: bool = False, query_len: int | None = None) -> StepPlan:
+        plan = self._plan(num_reqs, num_tokens, max_seq_len, full_ok, mixed_ok, query_len)
         self.mode_counts[plan.mode] += 1
+        self.mixed_steps += plan.mixed
         return plan
 
-    def _plan(self, num_reqs: int, num_tokens: int, max_seq_len: int, full_ok: bool,
+    def _plan(self, num_reqs: int, num_tokens: int, max_seq_len: int, full_ok: bool, mixed_ok: bool,
               query_len: int | None) -> StepPlan:
         q = self.model_state.uniform_query_len if query_len is None else query_len
-        if full_ok and q in self.query_lens and self.full_sizes and num_reqs <= self.full_sizes[-1]:
+        if full_ok and q in self.model_state.full_query_lens and self.full_sizes and num_reqs <= self.full_sizes[-1]:
             p = self.full_sizes[bisect.bisect_left(self.full_sizes, num_reqs)]
             want = choose_num_splits(p, self.num_kv_heads, max_seq_len)
-            return StepPlan(StepMode.FULL, p, p * q, self._long_splits(p) if want > 1 else 1, q)
+            return StepPlan(StepMode.FULL, p, p * q, self._long_splits(p, q) if want > 1 else 1)
+        if mixed_ok and num_tokens > 0:
+            fits = [(t, p) for p, t in self.mixed_sizes if p >= num_reqs and t >= num_tokens]
+            if fits:
+                t, p = min(fits)
+                return StepPlan(StepMode.FULL, p, t, self._long_splits(p, t), mixed=True)
         if self.token_sizes and 0 < num_tokens <= self.token_sizes[-1]:
             return StepPlan(StepMode.PIECEWISE, num_reqs,
                             self.token_sizes[bisect.bisect_left(self.token_sizes, num_tokens)])
@@ -81,7 +102,7 @@ class CaptureManager:
         return nullcontext()
 
     def replay_full(self, plan: StepPlan) -> tuple[torch.Tensor, ...]:
-        graph, outputs = self._full[(plan.num_reqs, plan.num_splits, plan.query_len)]
+        graph, outputs = self._full[(plan.num_reqs, plan.num_tokens, plan.num_splits, plan.mixed)]
         graph.replay()
         return outputs
 
@@ -93,7 +114,10 @@ class CaptureManager:
         full_keys = self.full_keys()
         if largest_only:
             token_sizes = token_sizes[:1]
-            full_keys = [k for k in full_keys if k[0] == full_keys[0][0]] if full_keys else []
+            largest: dict[bool, FullKey] = {}  # the largest decode and the largest mixed graph measure the pool
+            for k in full_keys:
+                largest.setdefault(k[3], k)
+            full_keys = [k for k in full_keys if k[:2] == largest[k[3]][:2]]
         # Graphs of an earlier capture (the measuring one) stay alive until this one is done: a pool
         # whose last graph dies is freed, and capturing into its handle afterwards is an error.
         retired = self.retire()
@@ -102,7 +126,6 @@ class CaptureManager:
             self.pool = torch.cuda.graph_pool_handle()
         free_before = _free_bytes() if on_gpu else 0
         start = time.perf_counter()
-        full_keys = [(p, s, q) for q in sorted(self.query_lens, reverse=True) for p, s in full_keys]
         with _progress(len(token_sizes) + len(full_keys), progress and not largest_only) as bar, fast_capture():
             for size in token_sizes:
                 inputs, shape = self.model_state.dummy_inputs(self.buffers, size)
@@ -110,12 +133,13 @@ class CaptureManager:
                 with piecewise_graphs(size, self.pool, capture=True):
                     bodies.forward(inputs, shape)
                 bar(f"piecewise {size} tokens")
-            for num_reqs, splits, q in full_keys:
+            for key in full_keys:
+                num_reqs, num_tokens, splits, mixed = key
                 self.buffers.fill_padding_rows(num_reqs)
-                bodies.full_decode(num_reqs, splits, q)
-                graph, outputs = cuda_piece._record(bodies.full_decode, (num_reqs, splits, q), self.pool)
-                self._full[(num_reqs, splits, q)] = (graph, tuple(weak_alias(o) for o in outputs))
-                bar(f"full {'verify' if q > 1 else 'decode'} {num_reqs} x{splits}")
+                bodies.full_step(*key)  # warm-up
+                graph, outputs = cuda_piece._record(bodies.full_step, key, self.pool)
+                self._full[key] = (graph, tuple(weak_alias(o) for o in outputs))
+                bar(f"full {'mixed' if mixed else 'decode'} {num_reqs} x{splits}" + (f" {num_tokens} tokens" * mixed))
         self.capture_seconds = time.perf_counter() - start
         del retired
         if on_gpu:

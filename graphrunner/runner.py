@@ -145,11 +145,13 @@ class ModelRunner:
         if self.graphs is None:
             plan = StepPlan(StepMode.EAGER, b, t)
         else:
-            # FULL: plain decodes (1 token each) or, with speculation, verify steps with k draft slots each
+            # FULL: uniform plain decodes (1 token each) or, with speculation, verify steps with k draft slots each;
+            # a mixed FULL graph (prefill chunks beside decodes) samples one token a request: no verify steps
             q = 1 + (num_spec[0] if num_spec else 0)
-            full_ok = (all(c == q for c in counts) and all(n == q - 1 for n in num_spec) and sampling.plain
-                       and prompt_logprobs is None and q in (1, 1 + self.spec_k))
-            plan = self.graphs.plan(b, t, max(seq_lens, default=0), full_ok, q)
+            covered = sampling.plain and prompt_logprobs is None  # what a FULL graph's sampling does
+            uniform = (all(c == q for c in counts) and all(n == q - 1 for n in num_spec)
+                       and q in (1, 1 + self.spec_k))
+            plan = self.graphs.plan(b, t, max(seq_lens, default=0), covered and uniform, covered and spec is None, q)
         pad = plan.num_reqs - b  # FULL graphs: extra rows point at the padding row with 0 tokens
         p = plan.num_reqs
         staged = torch.tensor(rows + [self.state.padding_row] * pad + counts + [0] * pad, dtype=torch.int32)
@@ -259,29 +261,38 @@ class ModelRunner:
         with forward_context(meta, self.kv_cache, self.attention_backend):
             return self.model_state.forward(self.model, inputs.input_ids, inputs.positions).hidden
 
-    def full_decode_body(self, num_reqs: int, num_splits: int, query_len: int = 1) -> tuple[torch.Tensor, ...]:
-        """The FULL graph of a uniform decode over the first `num_reqs` step rows: prepare, forward,
-        logits, Gumbel/argmax sampling, post-update (and, with speculation, the n-gram proposal). Returns
-        (sampled [P] int32, nonfinite [P] bool). query_len 1 + k: a verify step (full_verify_body)."""
-        if query_len > 1:
-            if query_len != 1 + self.spec_k:
-                raise ValueError(f"a FULL step of {query_len} tokens a request needs num_speculative_tokens = "
-                                 f"{query_len - 1}, this engine has {self.spec_k}")
+    def full_step_body(self, num_reqs: int, num_tokens: int, num_splits: int,
+                       mixed: bool) -> tuple[torch.Tensor, ...]:
+        """The FULL graph of a step over the first `num_reqs` step rows and `num_tokens` tokens: prepare,
+        forward, logits, Gumbel/argmax sampling, post-update (and, with speculation, the proposal). Returns
+        (sampled [P] int32, nonfinite [P] bool).
+
+        A uniform decode has num_reqs tokens; a mixed graph takes any query lengths summing to at most num_tokens
+        (its attention grid covers a query of num_tokens tokens in one row; the device reads each request's real
+        length). A speculative engine's uniform graph of num_reqs * (1 + k) tokens is a verify step
+        (full_verify_body)."""
+        if not mixed and num_tokens != num_reqs:
+            if num_tokens != num_reqs * (1 + self.spec_k):
+                raise ValueError(f"a uniform FULL step of {num_tokens} tokens for {num_reqs} requests needs "
+                                 f"num_speculative_tokens = {num_tokens // max(num_reqs, 1) - 1}, this engine has "
+                                 f"{self.spec_k}")
             return self.full_verify_body(num_reqs, num_splits)
         idx, counts = self.buffers.rows(num_reqs, num_reqs)
-        q = 1
         cols = self.buffers.max_block_cols  # the whole table: a graph's shapes cannot follow the batch's lengths
         inputs = prepare_inputs(idx, counts, self.state.token_ids, self.state.num_computed, self.state.block_table,
-                                self.block_size, num_reqs * q, cols, self.use_triton,
-                                out=self.buffers.views(num_reqs, num_reqs * q, cols))
-        shape = StepShape(num_reqs, num_reqs * q, (q,) * num_reqs, (self.max_model_len,) * num_reqs, num_splits)
-        hidden = self.run_model(inputs, shape)                                  # [P * q, hidden]
+                                self.block_size, num_tokens, cols, self.use_triton,
+                                out=self.buffers.views(num_reqs, num_tokens, cols))
+        query_lens = (num_tokens,) + (0,) * (num_reqs - 1) if mixed else (1,) * num_reqs
+        shape = StepShape(num_reqs, num_tokens, query_lens, (self.max_model_len,) * num_reqs, num_splits)
+        hidden = self.run_model(inputs, shape)                                  # [T, hidden]
         self._observe(inputs, shape)
         logits = self.model.compute_logits(hidden.index_select(0, inputs.logits_indices))  # [P, V] float32
         out = run_sampler(logits, SamplingBatch(idx, False, False, False, -1), self.state, self.use_triton)
         self._update(idx, counts, out.sampled)
-        if not isinstance(self.proposer, DraftModelProposer):  # a plain decode step drafts nothing with a model:
-            self._propose(idx)  # (speculation was off; stale drafts stay valid proposals)
+        # a plain decode graph drafts nothing with a model (speculation was off for the step; stale drafts stay
+        # valid proposals); a mixed one does (a prefill that just ended verifies next)
+        if mixed or not isinstance(self.proposer, DraftModelProposer):
+            self._propose(idx, shape.seq_lens)
         return out.sampled, out.nonfinite
 
     def full_verify_body(self, num_reqs: int, num_splits: int) -> tuple[torch.Tensor, ...]:
@@ -308,4 +319,4 @@ class ModelRunner:
         return out.output_ids[:, 0].contiguous(), out.nonfinite, out.output_ids, out.num_accepted, out.num_drafts
 
     def capture_bodies(self) -> StepBodies:
-        return StepBodies(forward=self.run_model, full_decode=self.full_decode_body)
+        return StepBodies(forward=self.run_model, full_step=self.full_step_body)

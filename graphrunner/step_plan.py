@@ -22,6 +22,7 @@ class StepMode(enum.Enum):
     EAGER = "eager"          # compiled or plain model, no graphs; exact sizes
     PIECEWISE = "piecewise"  # compiled pieces replay graphs captured for num_tokens; attention eager
     FULL = "full"            # one replay: prepare + forward + sample + post-update for num_reqs rows
+    #                          (a uniform decode, or, with `mixed`, any batch of up to num_tokens tokens)
 
 
 @dataclass(frozen=True)
@@ -30,7 +31,7 @@ class StepPlan:
     num_reqs: int       # requests, padded up to a captured size in FULL mode
     num_tokens: int     # tokens, padded up to a captured size in PIECEWISE and FULL modes
     num_splits: int = 1  # FULL: the KV split count its graph was captured with
-    query_len: int = 1   # FULL: tokens per request of its graph (1 + k for a speculative verify graph)
+    mixed: bool = False  # FULL: a graph for any query lengths (prefill chunks included), not a uniform decode
 
 
 @dataclass(frozen=True)
@@ -56,15 +57,16 @@ class StepShape:
 
 class GraphDispatcher(Protocol):
     def plan(self, num_reqs: int, num_tokens: int, max_seq_len: int, full_ok: bool,
-             query_len: int | None = None) -> StepPlan:
+             mixed_ok: bool = False, query_len: int | None = None) -> StepPlan:
         """full_ok: the batch is a uniform decode (query_len tokens a request; None = the ModelState's
-        uniform_query_len) whose sampling the FULL graph covers."""
+        uniform_query_len) whose sampling the FULL graph covers; mixed_ok: a FULL graph covers its sampling,
+        whatever its query lengths (a mixed FULL graph may serve it)."""
 
     def forward_mode(self, plan: StepPlan) -> AbstractContextManager[None]:
         """Context for a non-FULL forward (piecewise replay when the plan says so)."""
 
     def replay_full(self, plan: StepPlan) -> tuple[torch.Tensor, ...]:
-        """Replay the FULL graph; returns its output buffers, those of StepBodies.full_decode."""
+        """Replay the FULL graph; returns its output buffers, those of StepBodies.full_step."""
 
 
 @dataclass(frozen=True)
@@ -73,7 +75,9 @@ class StepBodies:
 
     # the model over prepared inputs, attention context set: returns hidden states [T, hidden]
     forward: Callable[[StepInputs, StepShape], torch.Tensor]
-    # prepare..update of a uniform decode over the first P step rows, with a fixed KV split count and q tokens a
-    # request: (num_reqs P, num_splits, q) -> (sampled [P] int32, nonfinite [P] bool); a speculative engine's
-    # verify step (q = 1 + k) adds (output_ids [P, K + 1] int32, num_accepted [P] int32, num_drafts [P] int32)
-    full_decode: Callable[..., tuple[torch.Tensor, ...]]
+    # prepare..update over the first P step rows and T tokens with a fixed KV split count, for a uniform
+    # decode (mixed False, T = P * query len) or any query lengths (mixed True):
+    # (num_reqs P, num_tokens T, num_splits, mixed) -> (sampled [P] int32, nonfinite [P] bool); a speculative
+    # engine's verify graph (T = P * (1 + k)) adds (output_ids [P, K + 1] int32, num_accepted [P] int32,
+    # num_drafts [P] int32)
+    full_step: Callable[[int, int, int, bool], tuple[torch.Tensor, ...]]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from capture.compiled import graph_sizes, prepare_compiled_model
+from capture.compiled import graph_sizes, mixed_graph_sizes, prepare_compiled_model
 from capture.manager import CaptureManager
 from graphrunner.config import EngineConfig, ModelConfig
 from graphrunner.kv_cache import allocate_kv_cache, blocks_needed, kv_bytes_per_block
@@ -121,7 +121,8 @@ def build_runner(config: EngineConfig, model_state: ModelState | None = None) ->
     if compile_on_gpu and config.cudagraph_mode != "none":
         full_sizes, token_sizes = graph_sizes(config, model_state)
         pieces = backend.graph_pieces if backend is not None else None
-        manager = CaptureManager(model_state, runner.buffers, pieces, full_sizes, token_sizes, sc.max_model_len)
+        manager = CaptureManager(model_state, runner.buffers, pieces, full_sizes, token_sizes, sc.max_model_len,
+                                 mixed_graph_sizes(config, model_state))
     peak = reserved = 0
     if config.device.type == "cuda" and config.cache.num_blocks is None:
         peak = _profile_peak_bytes(runner, config)  # (compiles the model at the largest step first)

@@ -25,6 +25,8 @@ from graphrunner.step_plan import StepShape
 
 # Largest decode batch captured as a full graph and largest piecewise token bucket by default.
 MAX_CAPTURE_BATCH_SIZE = 512
+MIXED_BATCH_SIZES = (1, 2, 4, 8)
+MIXED_TOKEN_BUCKETS = (64, 128, 256, 512)
 MAX_TOKEN_BUCKET = 2048  # larger steps are compute-bound: they run compiled, without graphs
 
 
@@ -128,6 +130,13 @@ class ModelState(ABC):
         if sizes[-1] != limit:
             sizes.append(limit)
         return sizes
+
+    def mixed_full_sizes(self, max_num_seqs: int, max_num_batched_tokens: int) -> list[tuple[int, int]]:
+        """(batch size, tokens) of the mixed FULL graphs: small batches with a short prefill chunk, the
+        latency-bound case (a new request's prompt, a prefix-cache hit's suffix, beside a few decodes).
+        Larger steps are worth their piecewise launches."""
+        return [(p, t) for p in MIXED_BATCH_SIZES if p <= max_num_seqs
+                for t in MIXED_TOKEN_BUCKETS if p * self.uniform_query_len < t <= max_num_batched_tokens]
 
     def token_buckets(self, max_num_batched_tokens: int) -> list[int]:
         """Token counts captured as piecewise graphs: the decode sizes up to 256, then powers of two,

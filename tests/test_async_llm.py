@@ -75,12 +75,35 @@ async def _all(llm: AsyncLLM, prompt: str = "p", n: int = 3, rid: str | None = N
     return [o async for o in llm.generate(prompt, SamplingParams(max_tokens=n), rid)]
 
 
+def test_slow_consumer_gets_the_newest_cumulative_output() -> None:
+    """A consumer that falls behind skips outputs it has not read yet: each one it gets is the newest."""
+    engine = FakeEngine()
+    llm = AsyncLLM(engine)
+
+    async def slow() -> list[RequestOutput]:
+        got = []
+        async for out in llm.generate("p", SamplingParams(max_tokens=40)):
+            got.append(out)
+            await asyncio.sleep(0.02)  # the engine steps on meanwhile
+        return got
+
+    try:
+        outs = asyncio.run(slow())
+    finally:
+        llm.shutdown()
+    lens = [len(o.outputs[0].token_ids) for o in outs]
+    assert lens[-1] == 40 and outs[-1].finished and lens == sorted(set(lens))
+    assert len(outs) < 40  # some outputs were replaced by newer ones
+
+
 def test_outputs_and_idle() -> None:
     engine = FakeEngine()
     llm = AsyncLLM(engine)
     try:
         outs = asyncio.run(_all(llm))
-        assert [len(o.outputs[0].token_ids) for o in outs] == [1, 2, 3] and outs[-1].finished
+        lens = [len(o.outputs[0].token_ids) for o in outs]
+        # cumulative outputs; one a consumer had not yet read may be replaced by a newer one (as vLLM's)
+        assert lens == sorted(set(lens)) and lens[-1] == 3 and outs[-1].finished
         steps = engine.steps
         threading.Event().wait(0.3)
         assert engine.steps == steps  # idle: no busy stepping

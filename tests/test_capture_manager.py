@@ -37,7 +37,7 @@ def test_plan_pads_uniform_decodes_to_full_sizes() -> None:
     assert m.plan(32, 32, 30, True) == StepPlan(StepMode.FULL, 32, 32, 1)
     long = m.plan(7, 7, 3000, True)
     assert long.mode is StepMode.FULL and long.num_splits == choose_num_splits(8, 8, 4096) > 1
-    assert (8, long.num_splits) in m.full_keys()
+    assert (8, 8, long.num_splits, False) in m.full_keys()
 
 
 def test_plan_falls_back_to_piecewise_then_eager() -> None:
@@ -55,7 +55,7 @@ def test_plan_falls_back_to_piecewise_then_eager() -> None:
 
 def test_full_keys_are_largest_first() -> None:
     keys = _manager().full_keys()
-    assert keys == sorted(keys, reverse=True) and keys[0][0] == 32
+    assert keys == sorted(keys, key=lambda k: (k[1], k[0], k[2]), reverse=True) and keys[0][0] == 32
 
 
 class _GraphlessFull(CaptureManager):
@@ -64,7 +64,7 @@ class _GraphlessFull(CaptureManager):
     bodies: StepBodies
 
     def replay_full(self, plan: StepPlan) -> Any:
-        return self.bodies.full_decode(plan.num_reqs, plan.num_splits)
+        return self.bodies.full_step(plan.num_reqs, plan.num_tokens, plan.num_splits, plan.mixed)
 
 
 @pytest.fixture(scope="module")
@@ -88,3 +88,41 @@ def test_full_decode_body_with_padding_rows_matches_eager(model_dir: Path) -> No
     assert got == expected
     state = runner.state
     assert int(state.num_tokens[state.padding_row]) == 1 and int(state.num_computed[state.padding_row]) == 0
+
+
+def test_plan_mixed_full_for_small_batches_with_prefill() -> None:
+    m = CaptureManager(LlamaModelState(_CFG), StepBuffers(32, 600, 4, torch.device("cpu")), [], [1, 2, 4, 8],
+                       [1, 2, 4, 8, 16, 32, 64, 128, 256, 512], max_model_len=4096,
+                       mixed_sizes=[(1, 64), (1, 128), (4, 64), (4, 128)])
+    one = m.plan(1, 50, 4000, False, True)  # a 50-token suffix over a long cached prefix
+    assert one.mode is StepMode.FULL and one.mixed and (one.num_reqs, one.num_tokens) == (1, 64)
+    assert one.num_splits == choose_num_splits(1 * 2, 8, 4096) > 1  # 2 query tiles of 32 tokens (GROUP 1)
+    assert (1, 64, one.num_splits, True) in m.full_keys()
+    assert m.plan(3, 100, 200, False, True) == StepPlan(StepMode.FULL, 4, 128, m.plan(4, 128, 1, False, True).num_splits,
+                                                        mixed=True)
+    assert m.plan(5, 100, 200, False, True).mode is StepMode.PIECEWISE   # more requests than any mixed graph
+    assert m.plan(1, 129, 200, False, True).mode is StepMode.PIECEWISE   # more tokens than any mixed graph
+    assert m.plan(1, 50, 200, False, False).mode is StepMode.PIECEWISE   # sampling a FULL graph does not cover
+    assert m.plan(3, 3, 200, True, True) == StepPlan(StepMode.FULL, 4, 4, 1)  # a uniform decode keeps its graphs
+
+
+def test_mixed_full_body_matches_eager(model_dir: Path) -> None:
+    """Prefill chunks (new prompts, a chunked-prefill budget, cache hits) through the mixed FULL body, with
+    padded rows and tokens, give the eager engine's tokens; decodes still use the decode graphs."""
+    shared = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21]
+    prompts = [shared + [3, 4], [9] * 7, shared + [30], [100, 7, 8, 9, 10] * 5]
+    params = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
+    kwargs: dict[str, Any] = {"num_gpu_blocks_override": 60, "max_model_len": 64, "attention_backend": "triton",
+                              "max_num_seqs": 8, "max_num_batched_tokens": 24, "block_size": 4}
+    expected = [o.outputs[0].token_ids for o in LLM(model=model_dir, **kwargs).generate(prompts, params)]
+    llm = LLM(model=model_dir, **kwargs)
+    runner = llm.engine.runner
+    manager = _GraphlessFull(runner.model_state, runner.buffers, None, [1, 2, 8], [], runner.max_model_len,
+                             mixed_sizes=[(2, 16), (4, 24)])
+    manager.bodies = runner.capture_bodies()
+    runner.graphs = manager
+    first = [o.outputs[0].token_ids for o in llm.generate(prompts[:1], params)]  # fills the prefix cache
+    outs = llm.generate(prompts, params)
+    assert first == expected[:1] and [o.outputs[0].token_ids for o in outs] == expected
+    assert outs[0].num_cached_tokens > 0 and outs[2].num_cached_tokens > 0
+    assert manager.mixed_steps >= 3 and manager.mode_counts[StepMode.PIECEWISE] == 0

@@ -99,7 +99,9 @@ def test_eager_piecewise_full_give_identical_tokens(engines: dict[str, LLM], bat
 
 
 def test_mixed_prefill_and_decode_steps_identical(engines: dict[str, LLM]) -> None:
+    mixed_before = engines["full"].engine.runner.graphs.mixed_steps
     results = {name: _staggered(llm) for name, llm in engines.items()}
+    assert engines["full"].engine.runner.graphs.mixed_steps > mixed_before  # small prefill steps: mixed FULL graphs
     assert len(results["eager"]) == 19
     assert results["piecewise"] == results["eager"]
     assert results["full"] == results["eager"]
@@ -163,3 +165,24 @@ def test_graph_step_loop_never_synchronises(model_dir: Path) -> None:
     assert all(len(o.outputs[0].token_ids) == 16 for o in outs)
     counts = _counts(llm)
     assert counts.get(StepMode.FULL, 0) > 0 and counts.get(StepMode.PIECEWISE, 0) > 0, counts
+
+
+def test_cache_hit_suffix_runs_one_mixed_graph_with_split_kv(tmp_path: Path) -> None:
+    """A short suffix over a long cached prefix (the prefix-cache hit of BENCHMARKS.md P1, scaled down) runs as
+    one mixed FULL replay whose attention splits the long context, and gives the eager engine's tokens."""
+    model_dir = make_tiny_model(tmp_path, "Qwen3ForCausalLM", max_position_embeddings=4096)
+    kw = {"dtype": "float32", "max_model_len": 2048, "device": "cuda", "max_num_seqs": 8}
+    eager = LLM(model=model_dir, enforce_eager=True, **kw)
+    full = LLM(model=model_dir, **kw)
+    manager = full.engine.runner.graphs
+    assert any(k[3] and k[2] > 1 for k in manager.full_keys())  # a mixed graph with split-KV attention
+    rng = random.Random(5)
+    prefix = [rng.randrange(512) for _ in range(1500)]
+    prompts = [prefix + [rng.randrange(512) for _ in range(n)] for n in (3, 40, 61)]
+    want = [o.outputs[0].token_ids for o in eager.generate(prompts, _greedy())]
+    full.generate(prompts[:1], _greedy(1))  # caches the prefix
+    before = manager.mixed_steps
+    outs = full.generate(prompts, _greedy())
+    assert [o.outputs[0].token_ids for o in outs] == want
+    assert all(o.num_cached_tokens >= 1488 for o in outs)
+    assert manager.mixed_steps > before

@@ -37,8 +37,9 @@ class _GraphlessFull(CaptureManager):
     query_lens_replayed: list[int]
 
     def replay_full(self, plan: StepPlan) -> Any:
-        self.query_lens_replayed.append(plan.query_len)
-        return self.bodies.full_decode(plan.num_reqs, plan.num_splits, plan.query_len)
+        if not plan.mixed:
+            self.query_lens_replayed.append(plan.num_tokens // plan.num_reqs)
+        return self.bodies.full_step(plan.num_reqs, plan.num_tokens, plan.num_splits, plan.mixed)
 
 
 @pytest.fixture(scope="module")
@@ -47,18 +48,23 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_full_verify_body_with_padding_rows_matches_eager(model_dir: Path) -> None:
+    # the Triton attention (interpreted on CPU): a mixed graph's host shape is one query row of all its tokens,
+    # which only the Triton kernel reads right (it takes each request's real length from the device)
     kwargs: dict[str, Any] = {"num_gpu_blocks_override": 60, "max_model_len": 96, "max_num_seqs": 8,
-                              "speculative_config": SPEC}
+                              "speculative_config": SPEC, "attention_backend": "triton"}
     prompts = _prompts()
     params = [GREEDY, GREEDY, SamplingParams(temperature=0.9, seed=5, max_tokens=32, ignore_eos=True)] * 2
     expected = [o.outputs[0].token_ids for o in LLM(model=model_dir, **kwargs).generate(prompts, params)]
     llm = LLM(model=model_dir, **kwargs)
     runner = llm.engine.runner
-    manager = _GraphlessFull(runner.model_state, runner.buffers, None, [1, 2, 8], [], runner.max_model_len)
+    # mixed FULL graphs too: the admission step (six prompts) replays one, and the proposal runs inside it
+    manager = _GraphlessFull(runner.model_state, runner.buffers, None, [1, 2, 8], [], runner.max_model_len,
+                             [(8, 128), (8, 256)])
     manager.bodies = runner.capture_bodies()
     manager.query_lens_replayed = []
     runner.graphs = manager
     got = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+    assert manager.mixed_steps >= 1
     assert runner.model_state.full_query_lens == (1, 4)
     # six requests padded to 8 rows: verify steps of 4 tokens each (and plain decodes near max_tokens)
     assert manager.query_lens_replayed.count(4) >= 4

@@ -27,6 +27,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.8)
     ap.add_argument("--json", default="bench_prefix_cache.json")
+    ap.add_argument("--profile", action="store_true",
+                    help="after timing: one hit and one miss under torch.profiler (kernel table) and cProfile (host)")
     args = ap.parse_args()
     device = resolve_device(args.device)
     from graphrunner import SamplingParams
@@ -63,6 +65,36 @@ def main() -> None:
           f"{result['ttft_miss_ms']:.2f} ms, hit {result['ttft_hit_ms']:.2f} ms ({result['speedup']:.1f}x; "
           f"{cached[-1]} tokens from cache)")
     Path(args.json).write_text(json.dumps(result, indent=1))
+    if args.profile:
+        def miss_once() -> None:
+            llm.reset_prefix_cache()
+            run(suffixes[4])
+
+        profile_one("hit", lambda: run(suffixes[4]), device)
+        profile_one("miss", miss_once, device)
+
+
+def profile_one(name: str, fn: Any, device: Any) -> None:
+    """Kernel table (device time per kernel) and the host's cumulative top functions for one call of fn."""
+    import cProfile
+    import pstats
+
+    import torch
+
+    acts = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        acts.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=acts) as prof:
+        timed(fn, device)
+    sort = "device_time_total" if device.type == "cuda" else "cpu_time_total"
+    print(f"--- {name}: torch.profiler, by {sort}")
+    print(prof.key_averages().table(sort_by=sort, row_limit=30, max_name_column_width=70))
+    pr = cProfile.Profile()
+    pr.enable()
+    ms = timed(fn, device) * 1e3
+    pr.disable()
+    print(f"--- {name}: cProfile of one call ({ms:.2f} ms)")
+    pstats.Stats(pr).sort_stats("cumulative").print_stats(40)
 
 
 if __name__ == "__main__":

@@ -470,6 +470,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-usage", action="store_true", help="do not ask for usage: count tokens as chunks")
     p.add_argument("--extra-body", type=json.loads, default=None, help='JSON merged into bodies, e.g. \'{"ignore_eos": true}\'')
     p.add_argument("--prompts-file", default=None, help="one prompt a line (default: generated short prompts)")
+    p.add_argument("--random-token-prompts", default=None, metavar="MIN,MAX",
+                   help="token-id prompts of lengths uniform in [MIN, MAX], ids uniform in [0, 10000) (random.seed(0):"
+                        " T1's prompts for MIN,MAX = 100,1024)")
     p.add_argument("--api-key", default=None)
     p.add_argument("--timeout", type=float, default=60.0, help="per-request limit, seconds")
     p.add_argument("--seed", type=int, default=0)
@@ -480,14 +483,27 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _load_prompts(args: argparse.Namespace) -> list[str]:
+def random_token_prompts(num: int, min_len: int, max_len: int, seed: int = 0) -> list[list[int]]:
+    """The benchmarks' token-id prompts (tools/bench_common.random_prompts, without importing torch)."""
+    rng = random.Random(seed)
+    prompts = []
+    for _ in range(num):
+        length = rng.randint(min_len, max_len)
+        prompts.append([rng.randrange(10000) for _ in range(length)])
+    return prompts
+
+
+def _load_prompts(args: argparse.Namespace) -> list[str] | list[list[int]]:
+    if args.random_token_prompts:
+        lo, hi = (int(x) for x in args.random_token_prompts.split(","))
+        return random_token_prompts(args.num_requests, lo, hi)
     if not args.prompts_file:
         return default_prompts(min(args.num_requests, 1000), args.seed)
     with open(args.prompts_file, encoding="utf-8") as f:
         return [line.rstrip("\n") for line in f if line.strip()]
 
 
-async def _amain(args: argparse.Namespace, prompts: list[str]) -> tuple[LoadResult, dict[str, float] | None]:
+async def _amain(args: argparse.Namespace, prompts: list[str] | list[list[int]]) -> tuple[LoadResult, dict[str, float] | None]:
     model = args.model or await discover_model(args.base_url, api_key=args.api_key, timeout_s=args.timeout)
     result = await run_load(
         args.base_url, model, prompts, num_requests=args.num_requests, max_tokens=args.max_tokens,

@@ -1,9 +1,11 @@
-"""Per-step time breakdown of L1 (one request decoding): host, prepare, forward, sample, update, and the
-FULL graph replay that runs prepare..update as one launch.
+"""Per-step time breakdown of decode at batch --batch (L1: 1): host, prepare, forward, sample, update, the
+FULL graph replay that runs prepare..update as one launch, and a per-kernel device-time table.
 
 Host = wall time of engine.step() minus the time it blocks on the previous step's output. The device
 parts are each timed alone (median over --iters) on the live decode batch, with the state table
-restored after the parts that write it. Example: python tools/bench_step_breakdown.py --model /tmp/q06
+restored after the parts that write it. The kernel table profiles --profile-steps engine steps with
+torch.profiler (CUDA activity; kernels inside CUDA graph replays are reported by CUPTI) and groups them
+as issue 17's table (kernel_table.py). Example: python tools/bench_step_breakdown.py --model /tmp/q06
 """
 
 from __future__ import annotations
@@ -19,10 +21,13 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_common, which puts the repo root on sys.path
 import bench_common
+import kernel_table
 import torch
 
 from graphrunner import LLM, SamplingParams
 from graphrunner.async_output import AsyncStepOutput
+from graphrunner.models import linear
+from graphrunner.sampling import gumbel_split
 from graphrunner.sampling.sampler import run_sampler
 from graphrunner.state_kernels import post_update
 from graphrunner.step_plan import StepMode, StepPlan
@@ -90,32 +95,64 @@ def device_parts(llm: LLM, iters: int) -> dict[str, float]:
     return parts
 
 
+def kernel_profile(llm: LLM, steps: int, tokens_per_step: int, trace: str) -> dict[str, Any]:
+    """Profile `steps` engine steps (steady decode), save the chrome trace to `trace` and group its device
+    kernels; see kernel_table.py."""
+    from torch.profiler import ProfilerActivity, profile
+
+    device = llm.engine.config.device
+    bench_common.synchronize(device)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            llm.engine.step()
+        bench_common.synchronize(device)
+    prof.export_chrome_trace(trace)
+    events = kernel_table.events_from_chrome_trace(trace)
+    if not events:
+        print("  (no device kernels recorded: no CUDA, or this torch/CUPTI does not trace CUDA graph replays; "
+              "try --enforce-eager to see the kernels without graphs)")
+    return kernel_table.summarize(kernel_table.kernel_rows(events), steps, tokens_per_step)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=bench_common.DEFAULT_MODEL)
     ap.add_argument("--device", default="auto")
     ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--batch", type=int, default=1, help="requests decoding together (L1: 1, L2: 8)")
     ap.add_argument("--steps", type=int, default=64, help="decode steps timed on the host")
+    ap.add_argument("--profile-steps", type=int, default=200, help="decode steps in the kernel table (0: none)")
     ap.add_argument("--iters", type=int, default=50, help="timed calls per device part (median)")
+    ap.add_argument("--trace", default="bench_step_breakdown_trace.json", help="chrome trace of the profiled steps")
     ap.add_argument("--enforce-eager", action="store_true")
     ap.add_argument("--json", default="bench_step_breakdown.json")
     args = ap.parse_args()
     device = bench_common.resolve_device(args.device)
-    total = args.prompt_len + args.steps + 32
-    llm = LLM(model=args.model, device=str(device), max_model_len=total, max_num_seqs=8,
-              enforce_eager=args.enforce_eager)
+    if args.batch < 1 or args.steps < 1 or args.profile_steps < 0:
+        raise ValueError("--batch and --steps must be >= 1, --profile-steps >= 0")
+    decode_steps = args.steps + args.profile_steps + 24
+    llm = LLM(model=args.model, device=str(device), max_model_len=args.prompt_len + decode_steps + 32,
+              max_num_seqs=max(8, args.batch), enforce_eager=args.enforce_eager)
     vocab = min(bench_common.PROMPT_VOCAB, llm.engine.config.model.vocab_size)
-    prompt = bench_common.random_prompts(1, args.prompt_len, args.prompt_len, vocab=vocab)[0]
-    llm.engine.add_request({"prompt_token_ids": prompt}, SamplingParams(temperature=0.0, max_tokens=args.steps + 24,
-                                                                         ignore_eos=True, detokenize=False))
-    for _ in range(4):  # prefill, then into steady decode
+    prompts = bench_common.random_prompts(args.batch, args.prompt_len, args.prompt_len, vocab=vocab)
+    for prompt in prompts:
+        llm.engine.add_request({"prompt_token_ids": prompt}, SamplingParams(
+            temperature=0.0, max_tokens=decode_steps, ignore_eos=True, detokenize=False))
+    for _ in range(4 + args.batch // 8):  # prefill, then into steady decode
         llm.engine.step()
     host = host_ms(llm, args.steps)
+    table = kernel_profile(llm, args.profile_steps, args.batch, args.trace) if args.profile_steps else None
     parts = device_parts(llm, args.iters)
-    result = {"host_ms_median": statistics.median(host), "device_ms": parts, "args": vars(args),
-              "env": bench_common.env_info()}
+    switches = {"GRAPHRUNNER_GEMV": int(linear.GEMV_ENABLED),
+                "GRAPHRUNNER_SPLIT_SAMPLE": int(gumbel_split.SPLIT_SAMPLE_ENABLED)}
+    print(f"switches: {switches}")
+    result = {"host_ms_median": statistics.median(host), "device_ms": parts, "kernels": table, "args": vars(args),
+              "switches": switches, "env": bench_common.env_info()}
     mode = "CUDA graphs" if llm.engine.runner.graphs is not None else "no graphs"
-    print(f"L1 step breakdown on {device} ({mode}):")
+    if table is not None:
+        print(f"Kernel table: {args.profile_steps} decode steps at batch {args.batch} on {device} ({mode}):")
+        print(kernel_table.format_table(table))
+    print(f"Step breakdown at batch {args.batch} on {device} ({mode}):")
     print(f"  host (schedule, stage, launch, read previous)  {result['host_ms_median']:8.3f} ms")
     for name, ms in parts.items():
         print(f"  device: {name:<38} {ms:8.3f} ms")

@@ -8,6 +8,8 @@ first --peer-requests requests. Example: python tools/bench_throughput.py --mode
 from __future__ import annotations
 
 import argparse
+import os
+import statistics
 import time
 from typing import Any
 
@@ -26,6 +28,7 @@ from bench_common import (
     resolve_device,
     timed,
 )
+from step_timer import StepTimer, describe
 
 HF_CB, OURS = "hf-generate_batch", "ours"
 
@@ -43,6 +46,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-num-seqs", type=int, default=256, help="ours")
     p.add_argument("--warmup-requests", type=int, default=4, help="ours: size of the warm-up generate (16 tokens each)")
     p.add_argument("--no-prefix-caching", action="store_true", help="ours: enable_prefix_caching=False")
+    p.add_argument("--detokenize", action="store_true", help="ours: detokenize outputs (T1 counts it: BENCHMARKS.md)")
+    p.add_argument("--runs", type=int, default=1, help="ours: timed runs back to back in one process (median kept)")
+    p.add_argument("--both-detok", action="store_true",
+                   help="ours: alternate runs with and without detokenization (--runs of each)")
     return p.parse_args(argv)
 
 
@@ -96,15 +103,42 @@ def run_ours(args: argparse.Namespace, prompts: list[list[int]], device: torch.d
                          enable_prefix_caching=not args.no_prefix_caching)
         warm = prompts[: args.warmup_requests]
         warm_s = timed(lambda: ours_generate(llm, warm, 16, args.temperature), device)
-        seconds = timed(lambda: ours_generate(llm, prompts, args.output_len, args.temperature), device)
+        modes = [True, False] if args.both_detok else [args.detokenize]
+        timer = StepTimer(llm)
+        runs: dict[bool, list[dict[str, Any]]] = {m: [] for m in modes}
         n_out = len(prompts) * args.output_len
-        results[OURS] = {"requests": len(prompts), "output_tokens": n_out, "wall_s": seconds, "warmup_s": warm_s,
-                         "tok_s": n_out / seconds, "prompt_tokens": sum(map(len, prompts))}
-        print(f"  {OURS}: {len(prompts)} requests, {n_out / seconds:.1f} output tok/s (wall {seconds:.2f} s, "
-              f"warm-up {warm_s:.2f} s)", flush=True)
+        for i in range(max(1, args.runs)):
+            for detok in modes:
+                llm.reset_prefix_cache()  # every run is T1 from scratch: no prompt is a cache hit
+                timer.reset()
+                kernels = _triton_cache_entries()
+                seconds = timed(lambda d=detok: ours_generate(llm, prompts, args.output_len, args.temperature, d),
+                                device)
+                steps = timer.summary()
+                steps["new_triton_kernels"] = _triton_cache_entries() - kernels  # compiled during the run
+                runs[detok].append({"wall_s": seconds, "tok_s": n_out / seconds, "steps": steps})
+                print(f"  {OURS} run {i + 1} detokenize={detok}: {n_out / seconds:.1f} output tok/s "
+                      f"(wall {seconds:.2f} s); {describe(steps)}; {steps['new_triton_kernels']} Triton kernels compiled",
+                      flush=True)
+        timer.close()
+        main_mode = modes[0]
+        tok_s = statistics.median(r["tok_s"] for r in runs[main_mode])
+        results[OURS] = {"requests": len(prompts), "output_tokens": n_out, "warmup_s": warm_s, "tok_s": tok_s,
+                         "detokenize": main_mode, "prompt_tokens": sum(map(len, prompts)),
+                         "runs": {f"detokenize={m}": r for m, r in runs.items()}}
+        if args.both_detok:
+            results[OURS]["tok_s_no_detok"] = statistics.median(r["tok_s"] for r in runs[False])
+        print(f"  {OURS}: {len(prompts)} requests, median {tok_s:.1f} output tok/s over {len(runs[main_mode])} "
+              f"run(s) (detokenize={main_mode}; warm-up {warm_s:.2f} s)", flush=True)
 
     report.section(OURS, body)
     reset_compiled_state()
+
+
+def _triton_cache_entries() -> int:
+    """Kernels in Triton's on-disk cache: a run that adds some compiled them mid-run (a warm-up effect)."""
+    root = os.environ.get("TRITON_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".triton", "cache")
+    return len(os.listdir(root)) if os.path.isdir(root) else 0
 
 
 def fill_rows(args: argparse.Namespace, report: Report, results: dict[str, Any]) -> None:

@@ -1,7 +1,9 @@
 """Build the random-weight Qwen3-0.6B-shaped benchmark model of BENCHMARKS.md (bf16, save_pretrained).
 
-Defaults give the real benchmark shape; --layers/--hidden/... shrink it for CPU smoke tests. No tokenizer is
-written: the benchmarks feed token ids. Example: python tools/make_bench_model.py --out /tmp/qwen3-0.6b-random
+Defaults give the real benchmark shape; --layers/--hidden/... shrink it for CPU smoke tests. The benchmarks feed
+token ids; --tokenizer also writes a synthetic byte-level BPE tokenizer over the whole vocabulary (word-like
+pieces, most with a leading space), so that detokenization and the server's text costs are real. Example:
+python tools/make_bench_model.py --out /tmp/qwen3-0.6b-random --tokenizer
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", default="auto",
                    help="where weights are initialised; auto = cuda when available (much faster; the values differ "
                         "from a CPU build, speed does not); default %(default)s")
+    p.add_argument("--tokenizer", action="store_true", help="also write a synthetic tokenizer (see the docstring)")
     p.add_argument("--force", action="store_true", help="rebuild even if --out already holds a model")
     return p.parse_args(argv)
 
@@ -67,6 +70,46 @@ def build_model(config: transformers.Qwen3Config, dtype: torch.dtype, seed: int,
     return model.to(dtype).eval()
 
 
+def synthetic_tokenizer(vocab_size: int, seed: int = 0) -> transformers.PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer with exactly `vocab_size` ids: the 256 byte symbols, then distinct word-like
+    pieces (3/4 with a leading space, a few multi-byte ones), the last id "<|endoftext|>". No merges: encoding
+    falls back to bytes, which is all a benchmark that sends token ids needs; decoding covers every id."""
+    import random
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    rng = random.Random(seed)
+    symbol = _bytes_to_unicode()
+    vocab: dict[str, int] = {ch: i for i, ch in enumerate(symbol)}
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    while len(vocab) < vocab_size - 1:
+        word = "".join(rng.choice(letters) for _ in range(rng.randint(2, 9)))
+        if rng.random() < 0.02:
+            word += "é"  # a two-byte character inside a piece
+        text = (" " if rng.random() < 0.75 else "") + word
+        vocab.setdefault("".join(symbol[b] for b in text.encode()), len(vocab))
+    vocab["<|endoftext|>"] = vocab_size - 1
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(["<|endoftext|>"])
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>")
+
+
+def _bytes_to_unicode() -> list[str]:
+    """GPT-2's byte -> printable character table (byte b is symbol [b])."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), 256))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    table = dict(zip(bs, cs))
+    return [chr(table[b]) for b in range(256)]
+
+
 def already_built(out: Path, config: transformers.Qwen3Config) -> bool:
     """True when `out` holds weights saved from the same config (so repeated benchmark runs skip the build)."""
     cfg_path = out / "config.json"
@@ -82,6 +125,10 @@ def main(argv: list[str] | None = None) -> Path:
     args = parse_args(argv)
     out = Path(args.out)
     config = build_config(args)
+    if args.tokenizer and (args.force or not (out / "tokenizer.json").is_file()):
+        tok = synthetic_tokenizer(args.vocab, args.seed)
+        tok.save_pretrained(out)
+        print(f"wrote a synthetic {len(tok)}-id tokenizer to {out}")
     if not args.force and already_built(out, config):
         print(f"{out} already holds this model (use --force to rebuild)")
         return out

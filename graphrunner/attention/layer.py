@@ -14,7 +14,12 @@ from torch import nn
 
 from graphrunner.attention.context import get_forward_context
 from graphrunner.attention.reference import paged_attention_ref, write_kv_ref
-from graphrunner.attention.triton_attention import choose_num_splits, unified_attention, write_kv_triton
+from graphrunner.attention.triton_attention import (
+    choose_num_splits,
+    query_tiles,
+    unified_attention,
+    write_kv_triton,
+)
 
 
 @torch.library.custom_op("graphrunner::paged_attention", mutates_args=("out",))
@@ -39,8 +44,8 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torc
         write_kv_triton(k3, v3, layer_cache, meta.slot_mapping)
         splits = meta.backend_cache.get("num_splits")
         if splits is None:  # one choice per step, shared by every layer (a captured graph sets its own)
-            decode_only = meta.max_query_len <= 1
-            splits = choose_num_splits(meta.num_reqs, num_kv_heads, meta.max_seq_len) if decode_only else 1
+            tiles = meta.num_reqs * query_tiles(meta.max_query_len, num_heads // num_kv_heads)
+            splits = choose_num_splits(tiles, num_kv_heads, meta.max_seq_len)
             meta.backend_cache["num_splits"] = splits
         unified_attention(q3, layer_cache, meta, scale, window, num_splits=splits, out=out.view(t, num_heads, head_dim))
     else:

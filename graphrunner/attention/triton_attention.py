@@ -145,8 +145,15 @@ def _merge_splits_kernel(part_acc_ptr, part_ml_ptr, out_ptr, stride_ot, stride_o
     tl.store(out_ptr + tok * stride_ot + head * stride_oh + d, out.to(out_ptr.dtype.element_ty), mask=d < HEAD_DIM)
 
 
+def query_tiles(max_query_len: int, group: int) -> int:
+    """Query tiles per request in the kernel's grid (see _launch): 1 for decodes."""
+    rows = DECODE_ROWS if max_query_len <= 1 else PREFILL_ROWS
+    return triton.cdiv(max(max_query_len, 1), max(rows, triton.next_power_of_2(group)) // group)
+
+
 def choose_num_splits(num_reqs: int, num_kv_heads: int, max_seq_len: int) -> int:
-    """KV splits for a decode-only batch: enough programs for ~2 waves, only when contexts are long.
+    """KV splits: enough programs for ~2 waves, only when contexts are long. `num_reqs` counts
+    (request, query tile) pairs: a short prefill chunk over a long cached prefix splits like a decode.
 
     Depends on host-known sizes only, so a captured shape keeps one grid; the span each split covers
     is computed on the device from each request's own length.
@@ -207,7 +214,7 @@ def _launch(query: torch.Tensor, layer_cache: torch.Tensor, query_start_loc: tor
     group = hq // hkv
     rows = DECODE_ROWS if max_query_len <= 1 else PREFILL_ROWS
     block_m = max(rows, triton.next_power_of_2(group))
-    block_q = block_m // group
+    block_q = block_m // group  # query_tiles() follows this choice
     d_pad = max(16, triton.next_power_of_2(dim))
     k_cache, v_cache = layer_cache[0], layer_cache[1]
     if num_splits > 1:

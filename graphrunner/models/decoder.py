@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from graphrunner.config import ModelConfig
+from graphrunner.models.linear import linear
 from graphrunner.models.mlp import GatedMLP
 from graphrunner.models.norm import RMSNorm
 from graphrunner.models.rotary import RotaryEmbedding
@@ -103,4 +104,4 @@ class DecoderForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, H] -> logits [N, vocab] float32."""
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight  # [V, H]
-        return torch.nn.functional.linear(hidden, weight).float()
+        return linear(hidden, weight).float()

@@ -1,4 +1,5 @@
-"""A linear layer whose output is several HF projections stacked along the output dimension.
+"""Linear layers: `linear` (F.linear: cuBLAS measured faster than the small-M Triton GEMV in models/gemv.py at
+the 0.6B shapes on the H200, see docs/DECISIONS.md), `Linear` (nn.Linear that calls it) and `MergedLinear`, whose output is several HF projections stacked along the output dimension.
 
 `output_sizes` records the stacked pieces in order, so the loader can copy each checkpoint shard
 (`q_proj`, `k_proj`, `v_proj` or `gate_proj`, `up_proj`) into its slice of the fused weight/bias.
@@ -9,10 +10,23 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
-class MergedLinear(nn.Linear):
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., K] @ weight [N, K]^T (+ bias [N]) -> [..., N]; the one place a faster small-M kernel would plug in."""
+    return F.linear(x, weight, bias)
+
+
+class Linear(nn.Linear):
+    """nn.Linear whose forward goes through `linear` (same parameters, same checkpoint names)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight, self.bias)
+
+
+class MergedLinear(Linear):
     """nn.Linear with weight [sum(output_sizes), in_features]; one matmul for several projections."""
 
     def __init__(self, in_features: int, output_sizes: Sequence[int], bias: bool) -> None:

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from graphrunner.models.linear import MergedLinear
+from graphrunner.models.linear import Linear, MergedLinear
 
 
 class GatedMLP(nn.Module):
@@ -16,7 +16,7 @@ class GatedMLP(nn.Module):
         super().__init__()
         self.intermediate_size = intermediate_size
         self.gate_up_proj = MergedLinear(hidden_size, (intermediate_size, intermediate_size), bias=bias)
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
+        self.down_proj = Linear(intermediate_size, hidden_size, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, hidden] -> [T, hidden]."""

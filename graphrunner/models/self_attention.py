@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from graphrunner.attention import Attention
-from graphrunner.models.linear import MergedLinear
+from graphrunner.models.linear import Linear, MergedLinear
 from graphrunner.models.norm import RMSNorm
 from graphrunner.models.rotary import apply_rotary
 
@@ -40,7 +40,7 @@ class SelfAttention(nn.Module):
         self.q_size = num_heads * head_dim
         self.kv_size = num_kv_heads * head_dim
         self.qkv_proj = MergedLinear(hidden_size, (self.q_size, self.kv_size, self.kv_size), bias=qkv_bias)
-        self.o_proj = nn.Linear(self.q_size, hidden_size, bias=o_bias)
+        self.o_proj = Linear(self.q_size, hidden_size, bias=o_bias)
         self.q_norm: RMSNorm | None = RMSNorm(head_dim, norm_eps) if qk_norm else None
         self.k_norm: RMSNorm | None = RMSNorm(head_dim, norm_eps) if qk_norm else None
         self.attn = Attention(num_heads, num_kv_heads, head_dim, scale, layer_idx, sliding_window=sliding_window)

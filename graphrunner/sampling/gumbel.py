@@ -165,8 +165,6 @@ def _sample_kernel(
 # ---------------------------------------------------------------------------------------------------------------
 
 
-
-
 def gumbel_noise_triton(
     seeds: Tensor,  # [B] int64
     positions: Tensor,  # [B] int64
@@ -233,7 +231,19 @@ def sample_ref(
 def sample_triton(
     logits: Tensor, idx_mapping: Tensor, temperature: Tensor, seeds: Tensor, num_tokens: Tensor
 ) -> Tensor:  # [B] int32
-    """Triton version of sample: one program per row, looping over the vocab with a running (max, index)."""
+    """Triton version of sample: the vocab split across programs (gumbel_split.py) unless
+    GRAPHRUNNER_SPLIT_SAMPLE=0, then one program per row."""
+    from graphrunner.sampling import gumbel_split  # it builds on this module's hash and checks
+
+    if gumbel_split.SPLIT_SAMPLE_ENABLED:
+        return gumbel_split.sample_split_triton(logits, idx_mapping, temperature, seeds, num_tokens)[0]
+    return sample_rowwise_triton(logits, idx_mapping, temperature, seeds, num_tokens)
+
+
+def sample_rowwise_triton(
+    logits: Tensor, idx_mapping: Tensor, temperature: Tensor, seeds: Tensor, num_tokens: Tensor
+) -> Tensor:  # [B] int32
+    """One program per row, looping over the vocab with a running (max, index)."""
     _check_sample(logits, idx_mapping, temperature, seeds, num_tokens)
     num_reqs, vocab_size = logits.shape
     out = torch.empty(num_reqs, dtype=torch.int32, device=logits.device)  # [B] int32

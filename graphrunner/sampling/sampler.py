@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from graphrunner.sampling import gumbel_split
 from graphrunner.sampling.batch import SamplingBatch
 from graphrunner.sampling.filters import apply_filters
 from graphrunner.sampling.gumbel import sample
@@ -34,8 +35,19 @@ def run_sampler(logits: torch.Tensor, batch: SamplingBatch, state: StateTable, u
                 logprobs_mode: str = "raw_logprobs") -> SamplerOutput:
     """logits [B, V] float32 (owned by the caller's step; modified in place)."""
     idx = batch.idx_mapping
+    raw_logprobs = batch.num_logprobs >= 0 and logprobs_mode == "raw_logprobs"
+    untouched = (batch.allowed is None and batch.sparse is None and batch.bad_words is None
+                 and not batch.use_penalties)
+    fast = batch.all_greedy or not (batch.use_filters or (batch.num_logprobs >= 0 and not raw_logprobs))
+    if use_triton and untouched and fast and gumbel_split.SPLIT_SAMPLE_ENABLED:
+        # The logits reach the Gumbel kernel unedited: its vocab-split pass checks them for NaN/inf too.
+        sampled, nonfinite = gumbel_split.sample_split_triton(logits, idx, state.temperature, state.seeds,
+                                                              state.num_tokens)
+        # Unedited logits are both the raw and the processed ones (greedy rows are not divided by temperature).
+        logprobs = compute_logprobs(logits, sampled, batch.num_logprobs, use_triton) if batch.num_logprobs >= 0 else None
+        return SamplerOutput(sampled, nonfinite, logprobs)
     nonfinite = ~torch.isfinite(logits).all(dim=-1)
-    raw = logits.clone() if batch.num_logprobs >= 0 and logprobs_mode == "raw_logprobs" else None
+    raw = logits.clone() if raw_logprobs else None
     if batch.allowed is not None:
         apply_allowed_tokens(logits, batch.allowed)
     if batch.sparse is not None:

@@ -1,0 +1,207 @@
+"""Decode-kernel micro-benchmark: the sampler (vocab-split vs row-per-program vs torch) at batch 1/8/256 and the
+small-M GEMV vs torch (cuBLAS) at the Qwen3-0.6B linear shapes for M = 1, 2, 4, 8, with achieved GB/s.
+
+On CUDA each timing is a CUDA graph of many back-to-back calls (no Python launch cost in the figure), replayed
+--reps times, median per call. GEMV weights rotate over enough copies to overflow L2, as 28 layers do. --sweep
+also times a grid of GemvConfigs per shape and prints the best. CPU (interpreter) only with --quick sizes.
+Example: python tools/bench_kernels.py --json bench_kernels.json [--sweep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_common, which puts the repo root on sys.path
+import bench_common
+import torch
+import torch.nn.functional as F
+
+from graphrunner.models.gemv import GemvConfig, default_config, gemv_triton, pick_config, tuned_configs
+from graphrunner.sampling import gumbel_split
+from graphrunner.sampling.batch import RequestSampling, SampleEntry, build_sampling_batch
+from graphrunner.sampling.gumbel import sample_rowwise_triton
+from graphrunner.sampling.gumbel_split import sample_split_triton
+from graphrunner.sampling.sampler import run_sampler
+from graphrunner.sampling_params import SamplingParams
+from graphrunner.state_table import StateTable
+
+# Qwen3-0.6B: hidden 1024, 16 q / 8 kv heads of 128, intermediate 3072, vocab 151936.
+QWEN3_06B_SHAPES: dict[str, tuple[int, int]] = {  # name -> (N, K) of W [N, K]
+    "qkv 1024->4096": (4096, 1024),
+    "o 2048->1024": (1024, 2048),
+    "gate_up 1024->6144": (6144, 1024),
+    "down 3072->1024": (1024, 3072),
+    "lm_head 1024->151936": (151936, 1024),
+}
+L2_BYTES = 256 << 20  # rotate weights over at least this much memory (H200 L2: 50 MB)
+
+
+def time_us(calls: list[Callable[[], Any]], device: torch.device, reps: int, per_graph: int = 64) -> float:
+    """Median microseconds per call; calls[i % len(calls)] run in turn (e.g. one per weight copy)."""
+    for fn in calls:
+        fn()  # compile / warm up outside any capture
+    n = max(per_graph, len(calls))
+    if device.type != "cuda":
+        t0 = time.perf_counter()
+        for i in range(n):
+            calls[i % len(calls)]()
+        return (time.perf_counter() - t0) * 1e6 / n
+    torch.cuda.synchronize()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        for i in range(n):
+            calls[i % len(calls)]()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / n)
+    return statistics.median(times)
+
+
+def bench_sampler(batch_sizes: list[int], vocab: int, device: torch.device, reps: int) -> list[dict]:
+    rows = []
+    original = gumbel_split.SPLIT_SAMPLE_ENABLED, gumbel_split.SPLIT_SAMPLE_SERIAL
+    for bs, (setting, temp) in itertools.product(batch_sizes, (("greedy", 0.0), ("gumbel", 0.8))):
+        g = torch.Generator().manual_seed(bs)
+        logits = (torch.randn(bs, vocab, generator=g) * 3).to(device)  # [B, V] float32
+        idx = torch.arange(bs, dtype=torch.int32, device=device)
+        temperature = torch.full((bs,), temp, device=device)
+        seeds = torch.arange(bs, dtype=torch.int64, device=device)
+        num_tokens = torch.full((bs,), 100, dtype=torch.int32, device=device)
+        args = (logits, idx, temperature, seeds, num_tokens)
+        state = StateTable(bs, 8, 1, device, device.type == "cuda")
+        params = SamplingParams(max_tokens=1, seed=1, temperature=temp)
+        for r in range(bs):
+            state.stage_new_row(r, [1, 2, 3], 3, 0, params, r)
+        state.apply_staged()
+        sbatch = build_sampling_batch([SampleEntry(r, params, RequestSampling(), 0) for r in range(bs)], idx, device)
+
+        def pipeline(split: bool, b: Any = sbatch, x: torch.Tensor = logits, st: StateTable = state) -> None:
+            gumbel_split.SPLIT_SAMPLE_ENABLED, gumbel_split.SPLIT_SAMPLE_SERIAL = split, original[1]
+            run_sampler(x, b, st, device.type == "cuda")  # x is not edited on this path: no clone needed
+
+        def split_with(serial: bool, a: tuple = args) -> None:
+            gumbel_split.SPLIT_SAMPLE_SERIAL = serial
+            sample_split_triton(*a)
+
+        timings = {
+            "split, one launch": time_us([lambda: split_with(True)], device, reps),
+            "split + reduce kernel": time_us([lambda: split_with(False)], device, reps),
+            "row-per-program kernel": time_us([lambda a=args: sample_rowwise_triton(*a)], device, reps),
+            "run_sampler split (fused NaN check; as configured)": time_us([lambda: pipeline(True)], device, reps),
+            "run_sampler row-per-program + isfinite": time_us([lambda: pipeline(False)], device, reps),
+        }
+        gumbel_split.SPLIT_SAMPLE_ENABLED, gumbel_split.SPLIT_SAMPLE_SERIAL = original
+        if setting == "greedy":
+            timings["torch argmax"] = time_us([lambda x=logits: x.argmax(-1)], device, reps)
+        gbs = {k: bs * vocab * 4 / (us * 1e3) for k, us in timings.items()}
+        rows.append({"batch": bs, "vocab": vocab, "setting": setting, "us": timings, "logits_GBps": gbs})
+        print(f"sampler b={bs:<4} {setting:<6} " + "  ".join(f"{k}: {us:7.1f} us" for k, us in timings.items()),
+              flush=True)
+    return rows
+
+
+def _weights(n: int, k: int, device: torch.device) -> list[torch.Tensor]:
+    copies = max(1, -(-L2_BYTES // (n * k * 2))) if device.type == "cuda" else 1
+    return [torch.randn(n, k, device=device, dtype=torch.bfloat16) / k**0.5 for _ in range(copies)]
+
+
+def _sweep_configs(m: int, k: int) -> list[GemvConfig]:
+    out = []
+    for bn, bk, split, dot in itertools.product((16, 32, 64), (64, 128, 256, 512), (1, 2, 4, 8), (True, False)):
+        if bk > max(64, k) or split * bk > k or (not dot and (m > 1 or bn * bk > 16384)):
+            continue
+        for serial in (False, True) if split > 1 else (False,):
+            out.append(GemvConfig(bn, bk, split, num_warps=8 if bn * bk >= 16384 else 4, use_dot=dot,
+                                  serial_reduce=serial))
+    return out
+
+
+def bench_gemv(shapes: dict[str, tuple[int, int]], ms: list[int], device: torch.device, reps: int,
+               sweep: bool) -> list[dict]:
+    rows = []
+    for name, (n, k) in shapes.items():
+        weights = _weights(n, k, device)
+        for m in ms:
+            x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
+            nbytes = (n * k + m * k + m * n) * 2
+            ref = F.linear(x, weights[0])
+            cfg = pick_config(m, n, k, device) or default_config(m, n, k, device)  # tuned table, else heuristic
+            err = (gemv_triton(x, weights[0], None, cfg).float() - ref.float()).abs().max().item()
+            torch_us = time_us([lambda w=w, x=x: F.linear(x, w) for w in weights], device, reps)
+            gemv_us = time_us([lambda w=w, x=x, c=cfg: gemv_triton(x, w, None, c) for w in weights], device, reps)
+            row: dict[str, Any] = {"shape": name, "N": n, "K": k, "M": m, "torch_us": torch_us, "gemv_us": gemv_us,
+                                   "torch_GBps": nbytes / (torch_us * 1e3), "gemv_GBps": nbytes / (gemv_us * 1e3),
+                                   "config": cfg.__dict__, "max_abs_err_vs_torch": err}
+            line = (f"gemv {name:<22} M={m}  torch {torch_us:7.1f} us {row['torch_GBps']:6.0f} GB/s   "
+                    f"gemv {gemv_us:7.1f} us {row['gemv_GBps']:6.0f} GB/s   ({torch_us / gemv_us:4.2f}x)")
+            if sweep:
+                best = min(((time_us([lambda w=w, x=x, c=c: gemv_triton(x, w, None, c) for w in weights], device,
+                                     reps), c) for c in [cfg, *_sweep_configs(m, k)]), key=lambda t: t[0])
+                row["best_us"], row["best_config"] = best[0], best[1].__dict__
+                line += f"   best {best[0]:7.1f} us {nbytes / (best[0] * 1e3):6.0f} GB/s {best[1]}"
+            rows.append(row)
+            print(line, flush=True)
+        del weights
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--batch-sizes", default="1,8,256", help="sampler batch sizes")
+    ap.add_argument("--vocab", type=int, default=151936)
+    ap.add_argument("--ms", default="1,2,4,8", help="GEMV token counts")
+    ap.add_argument("--reps", type=int, default=20, help="graph replays per timing (median)")
+    ap.add_argument("--sweep", action="store_true", help="also time a grid of GemvConfigs per shape and M")
+    ap.add_argument("--shapes", default="", help="comma-separated name parts: only those GEMV shapes (e.g. qkv,o 2048)")
+    ap.add_argument("--tuned-out", default=None,
+                    help="with --sweep: write the best configs here (commit as graphrunner/models/gemv_configs.json)")
+    ap.add_argument("--only", choices=("sampler", "gemv"), default=None)
+    ap.add_argument("--quick", action="store_true", help="tiny sizes (a CPU smoke run of the script)")
+    ap.add_argument("--json", default="bench_kernels.json")
+    args = ap.parse_args()
+    device = bench_common.resolve_device(args.device)
+    parts = [p for p in args.shapes.split(",") if p] or [""]
+    shapes = {name: nk for name, nk in QWEN3_06B_SHAPES.items() if any(p in name for p in parts)}
+    batch_sizes, vocab = bench_common.parse_int_list(args.batch_sizes), args.vocab
+    if args.quick:
+        shapes, batch_sizes, vocab = {"tiny 64->48": (48, 64)}, [1, 3], 3000
+    result: dict[str, Any] = {"script": "bench_kernels", "env": bench_common.env_info(), "args": vars(args),
+                              "tuned_configs_loaded": len(tuned_configs()) if device.type == "cuda" else 0}
+    if args.only in (None, "sampler"):
+        result["sampler"] = bench_sampler(batch_sizes, vocab, device, args.reps)
+    if args.only in (None, "gemv"):
+        result["gemv"] = bench_gemv(shapes, bench_common.parse_int_list(args.ms), device, args.reps, args.sweep)
+    if args.tuned_out and args.sweep:
+        out = Path(args.tuned_out)
+        table = {(e["M"], e["N"], e["K"]): e for e in (json.loads(out.read_text()) if out.exists() else [])}
+        for r in result.get("gemv", []):  # merged into the file's entries: runs over different shapes add up
+            table[(r["M"], r["N"], r["K"])] = {
+                "M": r["M"], "N": r["N"], "K": r["K"], "us": min(r["best_us"], r["torch_us"]),
+                "config": r["best_config"] if r["best_us"] < r["torch_us"] else None}  # None: cuBLAS wins
+        out.write_text(json.dumps(sorted(table.values(), key=lambda e: (e["N"], e["K"], e["M"])), indent=1))
+        print(f"{len(table)} tuned GEMV configs in {out}")
+    Path(args.json).write_text(json.dumps(result, indent=1))
+    print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
