@@ -8,7 +8,9 @@ FULL graphs are keyed by (padded batch size, padded tokens, KV splits, mixed): l
 batches need the split-KV attention, whose grid must be fixed when the graph is captured. Uniform decodes
 have graphs per batch size; small batches with prefill chunks (a new request's prompt, a cache hit's
 suffix) have mixed graphs per (batch size, token bucket), so a short prefill costs one replay instead of
-a piecewise step's per-layer attention launches from the host.
+a piecewise step's per-layer attention launches from the host. A speculative engine's uniform graphs
+come in two query lengths (the ModelState's `full_query_lens`): plain decodes (1 token a request) and
+verify steps (1 + k); their token counts tell them apart.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ class CaptureManager:
         self.token_sizes = sorted(token_sizes) if pieces is not None else []
         self.mixed_sizes = sorted(mixed_sizes or [])  # (batch size, tokens) of mixed FULL graphs; empty: none
         self.pool: Any = None  # the shared graph memory pool, made at the first capture
-        self._full: dict[FullKey, tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, torch.Tensor]]] = {}
+        self._full: dict[FullKey, tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...]]] = {}
         self.pool_bytes = 0
         self.capture_seconds = 0.0
         self.mode_counts: Counter[StepMode] = Counter()  # steps planned per mode (tests and benchmarks read it)
@@ -63,23 +65,25 @@ class CaptureManager:
         """(batch size, tokens, KV splits, mixed) of every FULL graph, largest first (smaller graphs reuse
         the pool's blocks). A mixed graph has one split count, the one its longest context needs: with a
         short context the extra splits find no keys and cost one small merge."""
-        q = self.model_state.uniform_query_len
-        keys = [(p, p * q, 1, False) for p in self.full_sizes]
-        keys += [(p, p * q, s, False) for p in self.full_sizes if (s := self._long_splits(p, q)) > 1]
+        keys: list[FullKey] = []
+        for q in self.model_state.full_query_lens:
+            keys += [(p, p * q, 1, False) for p in self.full_sizes]
+            keys += [(p, p * q, s, False) for p in self.full_sizes if (s := self._long_splits(p, q)) > 1]
         keys += [(p, t, self._long_splits(p, t), True) for p, t in self.mixed_sizes]
         return sorted(keys, key=lambda k: (k[1], k[0], k[2]), reverse=True)
 
     def plan(self, num_reqs: int, num_tokens: int, max_seq_len: int, full_ok: bool,
-             mixed_ok: bool = False) -> StepPlan:
-        plan = self._plan(num_reqs, num_tokens, max_seq_len, full_ok, mixed_ok)
+             mixed_ok: bool = False, query_len: int | None = None) -> StepPlan:
+        plan = self._plan(num_reqs, num_tokens, max_seq_len, full_ok, mixed_ok, query_len)
         self.mode_counts[plan.mode] += 1
         self.mixed_steps += plan.mixed
         return plan
 
-    def _plan(self, num_reqs: int, num_tokens: int, max_seq_len: int, full_ok: bool, mixed_ok: bool) -> StepPlan:
-        if full_ok and self.full_sizes and num_reqs <= self.full_sizes[-1]:
+    def _plan(self, num_reqs: int, num_tokens: int, max_seq_len: int, full_ok: bool, mixed_ok: bool,
+              query_len: int | None) -> StepPlan:
+        q = self.model_state.uniform_query_len if query_len is None else query_len
+        if full_ok and q in self.model_state.full_query_lens and self.full_sizes and num_reqs <= self.full_sizes[-1]:
             p = self.full_sizes[bisect.bisect_left(self.full_sizes, num_reqs)]
-            q = self.model_state.uniform_query_len
             want = choose_num_splits(p, self.num_kv_heads, max_seq_len)
             return StepPlan(StepMode.FULL, p, p * q, self._long_splits(p, q) if want > 1 else 1)
         if mixed_ok and num_tokens > 0:
@@ -97,7 +101,7 @@ class CaptureManager:
             return piecewise_graphs(plan.num_tokens, self.pool)
         return nullcontext()
 
-    def replay_full(self, plan: StepPlan) -> tuple[torch.Tensor, torch.Tensor]:
+    def replay_full(self, plan: StepPlan) -> tuple[torch.Tensor, ...]:
         graph, outputs = self._full[(plan.num_reqs, plan.num_tokens, plan.num_splits, plan.mixed)]
         graph.replay()
         return outputs
@@ -134,7 +138,7 @@ class CaptureManager:
                 self.buffers.fill_padding_rows(num_reqs)
                 bodies.full_step(*key)  # warm-up
                 graph, outputs = cuda_piece._record(bodies.full_step, key, self.pool)
-                self._full[key] = (graph, (weak_alias(outputs[0]), weak_alias(outputs[1])))
+                self._full[key] = (graph, tuple(weak_alias(o) for o in outputs))
                 bar(f"full {'mixed' if mixed else 'decode'} {num_reqs} x{splits}" + (f" {num_tokens} tokens" * mixed))
         self.capture_seconds = time.perf_counter() - start
         del retired

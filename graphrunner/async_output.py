@@ -27,6 +27,16 @@ class PromptLogprobSpan:
 
 
 @dataclass(frozen=True)
+class SpecTensors:
+    """A verify step's extra results (speculative decoding): request b emitted output_ids[b, :num_accepted + 1]."""
+
+    output_ids: torch.Tensor    # [B, K + 1] int32, -1 unused
+    num_accepted: torch.Tensor  # [B] int32
+    num_drafts: torch.Tensor    # [B] int32 drafts verified
+    first_row: tuple[int, ...] = ()  # logits row (of logprobs) of each request's first emitted token
+
+
+@dataclass(frozen=True)
 class StepOutput:
     """What one step produced, from the runner to the output processor (device or host tensors)."""
 
@@ -35,6 +45,7 @@ class StepOutput:
     logprobs: LogprobsTensors | None = None     # [B, ...] for the sampled tokens, when any request asked
     prompt_logprobs: LogprobsTensors | None = None  # [P, ...], the spans' positions one after another
     prompt_logprob_spans: tuple[PromptLogprobSpan, ...] = ()
+    spec: SpecTensors | None = None             # verify steps only; `sampled` is then output_ids[:, 0]
 
     def map_tensors(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> StepOutput:
         """The same output with fn applied to every tensor (a copy to the host, a clone)."""
@@ -43,8 +54,12 @@ class StepOutput:
                 return None
             return LogprobsTensors(**{f.name: fn(getattr(t, f.name)) for f in dataclasses.fields(t)})
 
+        spec = None
+        if self.spec is not None:
+            sp = self.spec
+            spec = SpecTensors(fn(sp.output_ids), fn(sp.num_accepted), fn(sp.num_drafts), sp.first_row)
         return StepOutput(fn(self.sampled), fn(self.nonfinite), lp(self.logprobs), lp(self.prompt_logprobs),
-                          self.prompt_logprob_spans)
+                          self.prompt_logprob_spans, spec)
 
     def tensors(self) -> list[torch.Tensor]:
         found: list[torch.Tensor] = []

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import sys
 import types
 import typing
@@ -90,12 +91,25 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="split the model over N devices (one process each: GPUs 0..N-1 with NCCL, or gloo on CPU)")
     p.add_argument("--generation-config", default="auto",
                    help="sampling defaults: auto (the model's generation_config.json) | vllm (none) | a directory")
+    p.add_argument("--speculative-config", type=_json_object, default=None,
+                   help='speculative decoding as JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 3, '
+                        '"prompt_lookup_max": 4}\'')
 
 
 _ENGINE_FLAGS = ("model", "dtype", "device", "seed", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
                  "num_gpu_blocks_override", "gpu_memory_utilization", "enforce_eager", "cudagraph_mode", "block_size",
                  "enable_prefix_caching", "enable_chunked_prefill", "max_logprobs", "generation_config",
-                 "tensor_parallel_size")
+                 "tensor_parallel_size", "speculative_config")
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        raise argparse.ArgumentTypeError(f"not valid JSON: {text!r}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
+    return value
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:

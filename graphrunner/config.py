@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from graphrunner.spec_config import SpeculativeConfig
+
 _DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
     "fp32": torch.float32,
@@ -329,6 +331,7 @@ class EngineConfig:
     skip_tokenizer_init: bool = False  # no tokenizer: prompts are token ids, outputs carry no text
     # ranks the model is split over (one process and one device each; rank r uses cuda:r)
     tensor_parallel_size: int = 1
+    speculative: SpeculativeConfig | None = None  # speculative decoding; None = off
 
     def __post_init__(self) -> None:
         check_tensor_parallel(self.model, self.tensor_parallel_size, self.device)

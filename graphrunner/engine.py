@@ -53,8 +53,9 @@ class Engine:
         self.tokenizer = None if config.skip_tokenizer_init else load_tokenizer(config.tokenizer_dir)
         self.runner, num_blocks = build_engine_runner(config, model_state)  # rank 0's, with tensor parallelism
         pool = BlockPool(num_blocks, enable_caching=config.enable_prefix_caching)
-        self.scheduler = Scheduler(config.scheduler, pool, config.cache.block_size)
-        self.stats = EngineStats(config.scheduler.max_model_len, {"model_name": str(config.model_dir)})
+        self.scheduler = Scheduler(config.scheduler, pool, config.cache.block_size, config.speculative)
+        spec_k = config.speculative.num_speculative_tokens if config.speculative is not None else 0
+        self.stats = EngineStats(config.scheduler.max_model_len, {"model_name": str(config.model_dir)}, spec_k)
         self._rng = random.Random(config.seed)
         self._parents: dict[str, ParentRequest] = {}
         self._outputs = OutputProcessor(self.tokenizer)
@@ -191,12 +192,18 @@ class Engine:
     def _process(self, previous: tuple[SchedulerOutput, AsyncStepOutput]) -> list[RequestOutput]:
         prev_sched, prev_out = previous
         result = prev_out.result()
-        changed = self.scheduler.update(prev_sched, result.sampled.tolist(), result.nonfinite.tolist())
+        runs = None
+        if result.spec is not None:
+            accepted = result.spec.num_accepted.tolist()
+            drafts = result.spec.num_drafts.tolist()
+            runs = [ids[:a + 1] for ids, a in zip(result.spec.output_ids.tolist(), accepted)]
+            self.stats.spec_decode(drafts, accepted)
+        changed = self.scheduler.update(prev_sched, result.sampled.tolist(), result.nonfinite.tolist(), runs)
         now = time.monotonic()
         per_parent: dict[str, int] = {}
-        for _, req in changed:
-            if req.finish_reason != "error":
-                per_parent[req.parent_id] = per_parent.get(req.parent_id, 0) + 1
+        for _, req, n in changed:
+            if req.finish_reason != "error" and n:
+                per_parent[req.parent_id] = per_parent.get(req.parent_id, 0) + n
         for parent_id, count in per_parent.items():
             if parent_id in self._parents:
                 self.stats.tokens_generated(parent_id, count, now)
@@ -239,6 +246,7 @@ class Engine:
         for req in victims.values():
             self.scheduler.finish(req, "error")
             req.num_inflight = 0
+            req.num_spec_inflight = 0
             parent = self._parents.get(req.parent_id)
             if parent is not None:
                 hit[parent.request_id] = parent

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from graphrunner.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, resolve_dtype
+from graphrunner.spec_config import SpeculativeConfig
 
 DEMO_MODEL_DIR = Path(__file__).resolve().parent / "demo_model"
 
@@ -107,7 +108,7 @@ class EngineArgs:
     pipeline_parallel_size: int = 1
     data_parallel_size: int = 1
     compilation_config: int | dict[str, Any] | None = None
-    speculative_config: dict[str, Any] | None = None
+    speculative_config: dict[str, Any] | str | None = None
     trust_remote_code: bool = False
     tokenizer_mode: str = "auto"
     skip_tokenizer_init: bool = False
@@ -161,7 +162,6 @@ class EngineArgs:
             (self.data_parallel_size != 1, "data_parallel_size != 1: run one engine per device instead"),
             (self.kv_cache_dtype != "auto",
              f"kv_cache_dtype={self.kv_cache_dtype!r}: the KV cache is kept in the model dtype ('auto' only)"),
-            (self.speculative_config is not None, "speculative_config: speculative decoding is not built yet"),
             (self.quantization is not None, f"quantization={self.quantization!r}: quantized models are not supported"),
             (self.revision is not None or self.tokenizer_revision is not None,
              "revision / tokenizer_revision: nothing is downloaded; pass a local directory at the wanted revision"),
@@ -247,4 +247,21 @@ class EngineArgs:
             generation_config=self.generation_config,
             skip_tokenizer_init=self.skip_tokenizer_init,
             tensor_parallel_size=self.tensor_parallel_size,
+            speculative=self._speculative_for_tp(),
         )
+
+    def _speculative_for_tp(self) -> SpeculativeConfig | None:
+        spec = self._speculative()
+        if spec is not None and self.tensor_parallel_size not in (None, 1):
+            raise ValueError("speculative_config with tensor_parallel_size > 1 is not supported yet: the verify step's "
+                             "drafts and accepted counts are per rank-0 state table; use one or the other")
+        return spec
+
+    def _speculative(self) -> SpeculativeConfig | None:
+        raw = self.speculative_config
+        if isinstance(raw, str):  # a JSON string, as `--speculative-config '{...}'` may pass it through Python
+            try:
+                raw = json.loads(raw)
+            except json.JSONDecodeError:
+                raise ValueError(f"speculative_config is not valid JSON: {raw!r}") from None
+        return None if raw is None else SpeculativeConfig.from_dict(raw)

@@ -170,6 +170,10 @@ METRIC_HELP: dict[str, str] = {
     "vllm:request_queue_time_seconds": "Histogram of time spent in WAITING phase for request.",
     "vllm:request_prompt_tokens": "Number of prefill tokens processed, per finished request.",
     "vllm:request_generation_tokens": "Number of generation tokens processed, per finished request.",
+    "vllm:spec_decode_num_drafts": "Number of spec decoding drafts (requests verified with at least one draft).",
+    "vllm:spec_decode_num_draft_tokens": "Number of draft tokens.",
+    "vllm:spec_decode_num_accepted_tokens": "Number of accepted tokens.",
+    "vllm:spec_decode_num_accepted_tokens_per_pos": "Accepted tokens per draft position.",
 }
 
 
@@ -182,8 +186,14 @@ class EngineStats:
     the per-request totals passed to `request_finished` only feed the per-request histograms.
     """
 
-    def __init__(self, max_model_len: int = 8192, labels: Mapping[str, str] | None = None) -> None:
+    def __init__(self, max_model_len: int = 8192, labels: Mapping[str, str] | None = None,
+                 num_speculative_tokens: int = 0) -> None:
         self.labels: dict[str, str] = dict(labels or {})  # constant labels on every metric, e.g. model_name
+        self._num_spec = num_speculative_tokens  # > 0: speculative decoding is on and its counters are exported
+        self._spec_drafts = 0
+        self._spec_draft_tokens = 0
+        self._spec_accepted = 0
+        self._spec_accepted_per_pos = [0] * num_speculative_tokens
         self._running = 0
         self._waiting = 0
         self._kv_usage = 0.0
@@ -278,6 +288,28 @@ class EngineStats:
         self._prefix_queries += queries
         self._prefix_hits += hits
 
+    def spec_decode(self, num_drafts: list[int], num_accepted: list[int]) -> None:
+        """One verify step: per request, drafts verified and of those accepted (a leading run)."""
+        for d, a in zip(num_drafts, num_accepted):
+            if not 0 <= a <= d:
+                raise ValueError(f"need 0 <= accepted <= drafts, got accepted={a}, drafts={d}")
+            if d:
+                self._spec_drafts += 1
+                self._spec_draft_tokens += d
+                self._spec_accepted += a
+                for pos in range(min(a, len(self._spec_accepted_per_pos))):
+                    self._spec_accepted_per_pos[pos] += 1
+
+    @property
+    def spec_decode_counts(self) -> tuple[int, int, int]:
+        """(drafts, draft tokens, accepted tokens) so far; mean acceptance length = 1 + accepted / drafts."""
+        return self._spec_drafts, self._spec_draft_tokens, self._spec_accepted
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """Tokens emitted per verified request-step that had drafts (1 + accepted / drafts; 0 before any)."""
+        return 1.0 + self._spec_accepted / self._spec_drafts if self._spec_drafts else 0.0
+
     def set_running(self, n: int) -> None:
         self._running = n
 
@@ -309,6 +341,13 @@ class EngineStats:
         out += [Counter(name="vllm:request_success", labels={**labels, "finished_reason": reason}, value=count)
                 for reason, count in list(self._success.items())]
         out += [h.to_metric(n, labels) for n, h in histograms]
+        if self._num_spec:
+            out += [Counter(name=n, labels=dict(labels), value=v) for n, v in (
+                ("vllm:spec_decode_num_drafts", self._spec_drafts),
+                ("vllm:spec_decode_num_draft_tokens", self._spec_draft_tokens),
+                ("vllm:spec_decode_num_accepted_tokens", self._spec_accepted))]
+            out.append(Vector(name="vllm:spec_decode_num_accepted_tokens_per_pos", labels=dict(labels),
+                              values=list(self._spec_accepted_per_pos)))
         return out
 
     def to_prometheus_text(self) -> str:

@@ -69,29 +69,36 @@ class OutputProcessor:
     def _decode(self, token: int) -> str | None:
         return self.tokenizer.decode([token]) if self.tokenizer is not None else None
 
-    def process(self, parents: dict[str, ParentRequest], changed: list[tuple[int, Request]], result: StepOutput,
-                finish: Any) -> list[RequestOutput]:
-        """Fold one step's results into the parents; `finish(req, reason, stop)` ends a request on a stop string."""
+    def process(self, parents: dict[str, ParentRequest], changed: list[tuple[int, Request, int]],
+                result: StepOutput, finish: Any) -> list[RequestOutput]:
+        """Fold one step's results into the parents; `finish(req, reason, stop)` ends a request on a stop string.
+        `changed`: (batch row, request, new tokens), the new tokens at the end of req.output_token_ids; a stop
+        string inside a run of several tokens (speculative decoding) drops the run's later tokens."""
         lp = LogprobRows(result.logprobs) if result.logprobs is not None else None
+        first_row = result.spec.first_row if result.spec is not None else None
         self._prompt_logprobs(parents, result)
         touched: dict[str, ParentRequest] = {}
-        for b, req in changed:
+        for b, req, num_new in changed:
             parent = parents.get(req.parent_id)
             if parent is None:
                 continue
             touched[parent.request_id] = parent
-            if req.finish_reason == "error":
+            if req.finish_reason == "error" or num_new == 0:
                 continue
-            token = req.output_token_ids[-1]
-            if lp is not None and req.params.logprobs is not None:
-                entry = lp.entry(b, token, req.params.logprobs, self._decode)
-                parent.logprobs[req.index].append(entry)  # type: ignore[union-attr]
-                parent.cumulative[req.index] += entry[token].logprob
-            detok = parent.detoks[req.index]
-            if detok is not None:
-                stop = detok.update([token])
-                if stop is not None:
-                    finish(req, "stop", stop)
+            run = req.output_token_ids[len(req.output_token_ids) - num_new:]
+            for i, token in enumerate(run):
+                if lp is not None and req.params.logprobs is not None:
+                    row = first_row[b] + i if first_row is not None else b
+                    entry = lp.entry(row, token, req.params.logprobs, self._decode)
+                    parent.logprobs[req.index].append(entry)  # type: ignore[union-attr]
+                    parent.cumulative[req.index] += entry[token].logprob
+                detok = parent.detoks[req.index]
+                if detok is not None:
+                    stop = detok.update([token])
+                    if stop is not None:
+                        del req.output_token_ids[len(req.output_token_ids) - (len(run) - 1 - i):]
+                        finish(req, "stop", stop)
+                        break
         results_out = []
         for rid, parent in touched.items():
             out = parent.output()

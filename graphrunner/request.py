@@ -36,6 +36,9 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     num_computed_tokens: int = 0    # host view: tokens whose KV is (or will be, once launched) cached
     num_inflight: int = 0           # sampled on the device, value not yet seen by the host
+    # speculative decoding: draft tokens scheduled in steps still in flight. Each may be accepted (one more output
+    # token) or rejected (num_computed_tokens, an upper bound while drafts are in flight, drops by one)
+    num_spec_inflight: int = 0
     row: int = -1                   # state-table row while it holds one
     block_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None
@@ -62,7 +65,13 @@ class Request:
 
     @property
     def num_generated(self) -> int:
+        """Output tokens including in-flight samples; a lower bound while drafts are in flight."""
         return len(self.output_token_ids) + self.num_inflight
+
+    @property
+    def num_generated_upper(self) -> int:
+        """Output tokens if every in-flight draft is accepted."""
+        return len(self.output_token_ids) + self.num_inflight + self.num_spec_inflight
 
     @property
     def finished(self) -> bool:

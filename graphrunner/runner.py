@@ -6,7 +6,8 @@ sampling stages the batch needs); every per-token input is built on the device f
 persistent state table. The runner's ModelState answers every question about the architecture
 (attention metadata, what a forward returns, per-request state). With a GraphDispatcher, a step's
 prepare..update replays as one FULL graph, or its forward replays piecewise graphs; the runner
-itself never touches a CUDA graph.
+itself never touches a CUDA graph. With speculative decoding, a step holding drafts is a verify step:
+1 + k logits rows per decoding request, rejection sampling, and the proposer after the update.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from graphrunner.async_output import AsyncStepOutput, OutputCopier, PromptLogprobSpan, StepOutput
+from graphrunner.async_output import AsyncStepOutput, OutputCopier, PromptLogprobSpan, SpecTensors, StepOutput
 from graphrunner.attention import forward_context
 from graphrunner.input_prep import StepBuffers, StepInputs, prepare_inputs
 from graphrunner.kv_cache import blocks_needed
@@ -27,6 +28,12 @@ from graphrunner.sampling.logprobs import LogprobsTensors, prompt_logprobs_chunk
 from graphrunner.sampling.sampler import SamplerOutput, run_sampler
 from graphrunner.sampling.vocab_parallel import SHARD_SAMPLING_ENABLED, sample_vocab_parallel
 from graphrunner.scheduler import SchedulerOutput
+from graphrunner.spec_config import SpeculativeConfig
+from graphrunner.spec_decode.draft_model import DraftModel, DraftModelProposer
+from graphrunner.spec_decode.layout import SpecLayout, build_spec_layout, uniform_spec_layout
+from graphrunner.spec_decode.proposer import NgramProposer
+from graphrunner.spec_decode.sampler import verify_sample
+from graphrunner.spec_decode.update import post_update_spec
 from graphrunner.state_kernels import post_update
 from graphrunner.state_table import StateTable, to_device
 from graphrunner.step_plan import GraphDispatcher, StepBodies, StepMode, StepPlan, StepShape
@@ -53,8 +60,9 @@ class StepBatch:
     shape: StepShape             # exact counts (num_reqs unpadded); plan.num_tokens is the padded total
     idx_mapping: torch.Tensor    # [B] int32, state-table row of the b-th request
     num_scheduled: torch.Tensor  # [B] int32
-    sampling: SamplingBatch
+    sampling: SamplingBatch      # over the requests, or over the logits rows of a verify step
     prompt_logprobs: PromptLogprobsPlan | None
+    spec: SpecLayout | None = None  # a verify step (some request has draft slots)
 
     @property
     def num_reqs(self) -> int:
@@ -64,7 +72,8 @@ class StepBatch:
 class ModelRunner:
     def __init__(self, model: nn.Module, model_state: ModelState, kv_cache: torch.Tensor, state: StateTable,
                  use_triton: bool, logprobs_mode: str = "raw_logprobs", attention_backend: str = "reference",
-                 max_num_tokens: int = 8192) -> None:
+                 max_num_tokens: int = 8192, speculative: SpeculativeConfig | None = None,
+                 draft: DraftModel | None = None) -> None:
         self.model = model
         self.model_state = model_state
         self.kv_cache = kv_cache  # [num_layers, 2, num_blocks, block_size, Hkv, D]
@@ -76,20 +85,34 @@ class ModelRunner:
         self.device = state.device
         self.outputs = OutputCopier(self.device)
         max_reqs, self.max_model_len = state.padding_row, state.token_ids.shape[1]
-        self.buffers = StepBuffers(max_reqs, max(max_num_tokens, max_reqs), state.block_table.shape[1], self.device,
-                                   state.padding_row)
+        self.spec_k = speculative.num_speculative_tokens if speculative is not None else 0
+        # a FULL verify graph of max_reqs requests holds (1 + k) tokens each, even above the token budget
+        self.buffers = StepBuffers(max_reqs, max(max_num_tokens, max_reqs * (1 + self.spec_k)),
+                                   state.block_table.shape[1], self.device, state.padding_row)
         self.graphs: GraphDispatcher | None = None  # set once the capture manager has captured
+        self._drafting = True  # this step's scheduler had speculation on
+        self.proposer: NgramProposer | DraftModelProposer | None = None
+        if speculative is not None and speculative.method == "ngram":
+            self.proposer = NgramProposer(speculative, state, use_triton)
+        elif speculative is not None:
+            if draft is None:
+                raise ValueError("speculative method 'draft_model' needs the draft model (runner built without it)")
+            self.proposer = DraftModelProposer(speculative, draft, state, use_triton, attention_backend)
 
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> AsyncStepOutput:
         """Launch one step; the returned output is read after the next step has been launched."""
         batch = self._stage(sched)
+        self._drafting = sched.spec_active
         if batch.plan.mode is StepMode.FULL:
             return self.outputs.launch(self._replay_full(batch))
         inputs = self._prepare(batch)
+        if batch.spec is not None:
+            return self.outputs.launch(self._verify(batch, inputs))
         hidden = self._forward(batch, inputs)                                    # [T, hidden]
         sampled = self._sample(hidden.index_select(0, inputs.logits_indices), batch.sampling)
         self._update(batch.idx_mapping, batch.num_scheduled, sampled.sampled)
+        self._propose(batch.idx_mapping, batch.shape.seq_lens)
         return self.outputs.launch(StepOutput(sampled.sampled, sampled.nonfinite, sampled.logprobs,
                                               self._prompt_logprobs(batch, hidden),
                                               batch.prompt_logprobs.spans if batch.prompt_logprobs else ()))
@@ -111,14 +134,25 @@ class ModelRunner:
         b, t = len(rows), sum(counts)
         entries = [SampleEntry(s.row, s.request.params, s.request.sampling, s.request.num_generated - s.samples)
                    for s in sched.scheduled]
-        sampling = build_sampling_batch(entries, self.buffers.step_rows[:b], self.device)
+        num_spec = [s.num_spec for s in sched.scheduled]
+        spec = None
+        if any(num_spec):  # a verify step: the sampling batch covers its logits rows, 1 + num_spec per request
+            spec = build_spec_layout(rows, counts, num_spec, self.device)
+            entries = [e for e, n in zip(entries, num_spec) for _ in range(1 + n)]
+            sampling = build_sampling_batch(entries, spec.expanded_idx, self.device)
+        else:
+            sampling = build_sampling_batch(entries, self.buffers.step_rows[:b], self.device)
         prompt_logprobs = self._plan_prompt_logprobs(sched)
         if self.graphs is None:
             plan = StepPlan(StepMode.EAGER, b, t)
         else:
-            q = self.model_state.uniform_query_len
+            # FULL: uniform plain decodes (1 token each) or, with speculation, verify steps with k draft slots each;
+            # a mixed FULL graph (prefill chunks beside decodes) samples one token a request: no verify steps
+            q = 1 + (num_spec[0] if num_spec else 0)
             covered = sampling.plain and prompt_logprobs is None  # what a FULL graph's sampling does
-            plan = self.graphs.plan(b, t, max(seq_lens, default=0), covered and all(c == q for c in counts), covered)
+            uniform = (all(c == q for c in counts) and all(n == q - 1 for n in num_spec)
+                       and q in (1, 1 + self.spec_k))
+            plan = self.graphs.plan(b, t, max(seq_lens, default=0), covered and uniform, covered and spec is None, q)
         pad = plan.num_reqs - b  # FULL graphs: extra rows point at the padding row with 0 tokens
         p = plan.num_reqs
         staged = torch.tensor(rows + [self.state.padding_row] * pad + counts + [0] * pad, dtype=torch.int32)
@@ -127,7 +161,7 @@ class ModelRunner:
         self.buffers.step_rows[:2 * p].copy_(staged, non_blocking=True)
         idx_mapping, num_scheduled = self.buffers.rows(b, p)
         shape = StepShape(b, t, tuple(counts), tuple(seq_lens))
-        return StepBatch(plan, shape, idx_mapping, num_scheduled, sampling, prompt_logprobs)
+        return StepBatch(plan, shape, idx_mapping, num_scheduled, sampling, prompt_logprobs, spec)
 
     def _prepare(self, batch: StepBatch) -> StepInputs:
         cols = blocks_needed(max(batch.shape.seq_lens, default=1), self.block_size)
@@ -141,7 +175,38 @@ class ModelRunner:
         shape = StepShape(batch.num_reqs, batch.plan.num_tokens, batch.shape.query_lens, batch.shape.seq_lens)
         mode = self.graphs.forward_mode(batch.plan) if self.graphs is not None else nullcontext()
         with mode:
-            return self.run_model(inputs, shape)
+            hidden = self.run_model(inputs, shape)
+        self._observe(inputs, shape)
+        return hidden
+
+    def _observe(self, inputs: StepInputs, shape: StepShape) -> None:
+        if isinstance(self.proposer, DraftModelProposer):
+            self.proposer.observe(inputs, shape)  # the draft model's KV at the target's positions
+
+    def _verify(self, batch: StepBatch, inputs: StepInputs) -> StepOutput:
+        """A verify step after its inputs: forward, logits of every verified position, rejection sampling, the
+        update by each row's accepted count, and the next drafts."""
+        spec = batch.spec
+        assert spec is not None
+        hidden = self._forward(batch, inputs)                                    # [T, hidden]
+        logits = self.model.compute_logits(hidden.index_select(0, spec.logits_indices))  # [N, V] float32
+        out = verify_sample(logits, batch.sampling, spec, batch.idx_mapping, self.state, self.use_triton,
+                            self.logprobs_mode)
+        post_update_spec(batch.idx_mapping, batch.num_scheduled, spec.num_spec, out.output_ids, out.num_accepted,
+                         self.state.token_ids, self.state.num_computed, self.state.num_tokens)
+        self._propose(batch.idx_mapping, batch.shape.seq_lens)
+        plp = batch.prompt_logprobs
+        return StepOutput(out.output_ids[:, 0].contiguous(), out.nonfinite, out.logprobs,
+                          self._prompt_logprobs(batch, hidden), plp.spans if plp else (),
+                          SpecTensors(out.output_ids, out.num_accepted, out.num_drafts, spec.first_row))
+
+    def _propose(self, idx_mapping: torch.Tensor, seq_lens: tuple[int, ...] = ()) -> None:
+        """Drafts for the next step, after the post-update (seq_lens: the step's host upper bounds)."""
+        if isinstance(self.proposer, DraftModelProposer):
+            if self._drafting:  # k draft-model forwards: skipped while speculation is disabled by batch size
+                self.proposer.propose(idx_mapping, seq_lens)
+        elif self.proposer is not None:
+            self.proposer.propose(idx_mapping)
 
     def _sample(self, hidden: torch.Tensor, sampling: SamplingBatch) -> SamplerOutput:
         """Logits of hidden [B, hidden] and the sampled tokens. With tensor parallelism a plain batch samples each
@@ -161,10 +226,16 @@ class ModelRunner:
 
     def _replay_full(self, batch: StepBatch) -> StepOutput:
         assert self.graphs is not None
-        sampled, nonfinite = self.graphs.replay_full(batch.plan)
+        outputs = self.graphs.replay_full(batch.plan)
         # clones: the graph's buffers are rewritten by the next replay before the copy stream reads them
         b = batch.num_reqs
-        return StepOutput(sampled[:b].clone(), nonfinite[:b].clone())
+        sampled, nonfinite = outputs[0][:b].clone(), outputs[1][:b].clone()
+        if batch.spec is None:
+            return StepOutput(sampled, nonfinite)
+        q = 1 + self.spec_k
+        spec = SpecTensors(outputs[2][:b].clone(), outputs[3][:b].clone(), outputs[4][:b].clone(),
+                           tuple(range(0, b * q, q)))
+        return StepOutput(sampled, nonfinite, spec=spec)
 
     # -- prompt logprobs -------------------------------------------------------------------
     def _plan_prompt_logprobs(self, sched: SchedulerOutput) -> PromptLogprobsPlan | None:
@@ -204,27 +275,60 @@ class ModelRunner:
             return self.model_state.forward(self.model, inputs.input_ids, inputs.positions).hidden
 
     def full_step_body(self, num_reqs: int, num_tokens: int, num_splits: int,
-                       mixed: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                       mixed: bool) -> tuple[torch.Tensor, ...]:
         """The FULL graph of a step over the first `num_reqs` step rows and `num_tokens` tokens: prepare,
-        forward, logits, Gumbel/argmax sampling, post-update. Returns (sampled [P] int32, nonfinite [P] bool).
+        forward, logits, Gumbel/argmax sampling, post-update (and, with speculation, the proposal). Returns
+        (sampled [P] int32, nonfinite [P] bool).
 
-        A uniform decode has num_reqs * uniform_query_len tokens; a mixed graph takes any query lengths
-        summing to at most num_tokens (its attention grid covers a query of num_tokens tokens in one row;
-        the device reads each request's real length)."""
+        A uniform decode has num_reqs tokens; a mixed graph takes any query lengths summing to at most num_tokens
+        (its attention grid covers a query of num_tokens tokens in one row; the device reads each request's real
+        length). A speculative engine's uniform graph of num_reqs * (1 + k) tokens is a verify step
+        (full_verify_body)."""
+        if not mixed and num_tokens != num_reqs:
+            if num_tokens != num_reqs * (1 + self.spec_k):
+                raise ValueError(f"a uniform FULL step of {num_tokens} tokens for {num_reqs} requests needs "
+                                 f"num_speculative_tokens = {num_tokens // max(num_reqs, 1) - 1}, this engine has "
+                                 f"{self.spec_k}")
+            return self.full_verify_body(num_reqs, num_splits)
         idx, counts = self.buffers.rows(num_reqs, num_reqs)
         cols = self.buffers.max_block_cols  # the whole table: a graph's shapes cannot follow the batch's lengths
         inputs = prepare_inputs(idx, counts, self.state.token_ids, self.state.num_computed, self.state.block_table,
                                 self.block_size, num_tokens, cols, self.use_triton,
                                 out=self.buffers.views(num_reqs, num_tokens, cols))
-        if mixed:
-            query_lens = (num_tokens,) + (0,) * (num_reqs - 1)
-        else:
-            query_lens = (self.model_state.uniform_query_len,) * num_reqs
+        query_lens = (num_tokens,) + (0,) * (num_reqs - 1) if mixed else (1,) * num_reqs
         shape = StepShape(num_reqs, num_tokens, query_lens, (self.max_model_len,) * num_reqs, num_splits)
         hidden = self.run_model(inputs, shape)                                  # [T, hidden]
+        self._observe(inputs, shape)
         out = self._sample(hidden.index_select(0, inputs.logits_indices), SamplingBatch(idx, False, False, False, -1))
         self._update(idx, counts, out.sampled)
+        # a plain decode graph drafts nothing with a model (speculation was off for the step; stale drafts stay
+        # valid proposals); a mixed one does (a prefill that just ended verifies next)
+        if mixed or not isinstance(self.proposer, DraftModelProposer):
+            self._propose(idx, shape.seq_lens)
         return out.sampled, out.nonfinite
+
+    def full_verify_body(self, num_reqs: int, num_splits: int) -> tuple[torch.Tensor, ...]:
+        """The FULL graph of a uniform verify step (1 + k tokens for each of the first `num_reqs` step rows, padding
+        rows 0): prepare, forward, logits of every token, rejection sampling, post-update by the accepted counts,
+        n-gram proposal. Returns (sampled [P], nonfinite [P], output_ids [P, K + 1], num_accepted [P],
+        num_drafts [P])."""
+        idx, counts = self.buffers.rows(num_reqs, num_reqs)
+        q = 1 + self.spec_k
+        cols = self.buffers.max_block_cols
+        inputs = prepare_inputs(idx, counts, self.state.token_ids, self.state.num_computed, self.state.block_table,
+                                self.block_size, num_reqs * q, cols, self.use_triton,
+                                out=self.buffers.views(num_reqs, num_reqs * q, cols))
+        shape = StepShape(num_reqs, num_reqs * q, (q,) * num_reqs, (self.max_model_len,) * num_reqs, num_splits)
+        hidden = self.run_model(inputs, shape)                                  # [P * q, hidden]
+        self._observe(inputs, shape)
+        layout = uniform_spec_layout(idx, counts, self.spec_k)
+        logits = self.model.compute_logits(hidden)                              # [P * q, V] float32
+        out = verify_sample(logits, SamplingBatch(layout.expanded_idx, False, False, False, -1), layout, idx,
+                            self.state, self.use_triton)
+        post_update_spec(idx, counts, layout.num_spec, out.output_ids, out.num_accepted, self.state.token_ids,
+                         self.state.num_computed, self.state.num_tokens)
+        self._propose(idx, shape.seq_lens)
+        return out.output_ids[:, 0].contiguous(), out.nonfinite, out.output_ids, out.num_accepted, out.num_drafts
 
     def capture_bodies(self) -> StepBodies:
         return StepBodies(forward=self.run_model, full_step=self.full_step_body)

@@ -3,7 +3,9 @@ admission (a request starts past the longest cached run of whole blocks of its k
 
 It decides from counts alone (never from token values), so step N+1 can be scheduled while
 step N still runs on the device. Token values arrive in `update()` one step late; a token
-sampled for a request that finished in the meantime is dropped there.
+sampled for a request that finished in the meantime is dropped there. With speculative decoding a
+decoding request gets 1 + k tokens (its last token and k draft slots); how many drafts the device
+accepted arrives with the tokens, so until then `num_computed_tokens` is an upper bound.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from graphrunner.config import SchedulerConfig
 from graphrunner.kv_cache import BlockPool, blocks_needed
 from graphrunner.prefix_cache import extend_block_hashes
 from graphrunner.request import Request, RequestStatus
+from graphrunner.spec_config import SpeculativeConfig
 
 
 @dataclass
@@ -28,12 +31,16 @@ class ScheduledRequest:
     seq_len: int             # context length after this step (cached + scheduled tokens)
     samples: bool            # this step reaches the end of known tokens, so its sampled token is real
     num_cached: int = 0      # is_new: tokens served from the prefix cache at this admission
+    num_spec: int = 0        # draft slots verified this step (num_tokens = 1 + num_spec for such a decode)
 
 
 @dataclass
 class SchedulerOutput:
     scheduled: list[ScheduledRequest] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
+    # speculation was on for this step (not disabled by batch size): a draft model drafts for the next step only
+    # then (stale drafts stay valid proposals, so skipping costs acceptance, never correctness)
+    spec_active: bool = False
 
     @property
     def num_tokens(self) -> int:
@@ -61,8 +68,12 @@ class RowFreeList:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, pool: BlockPool, block_size: int) -> None:
+    def __init__(self, config: SchedulerConfig, pool: BlockPool, block_size: int,
+                 spec: SpeculativeConfig | None = None) -> None:
         self.config = config
+        self.spec = spec
+        # a draft model writes its KV k positions past a row's last token after each step: blocks are kept ahead
+        self.lookahead = spec.num_speculative_tokens if spec is not None and spec.method == "draft_model" else 0
         self.pool = pool
         self.block_size = block_size
         self.rows = RowFreeList(config.max_num_seqs)
@@ -77,7 +88,7 @@ class Scheduler:
 
     def check_fits(self, req: Request) -> None:
         """ValueError unless the whole cache could hold the request at its longest."""
-        need = blocks_needed(req.prompt_len + req.max_tokens, self.block_size)
+        need = self._blocks_for(req.prompt_len + req.max_tokens)
         if need > self.pool.num_usable:
             raise ValueError(
                 f"request {req.request_id} needs {need} KV blocks (prompt {req.prompt_len} + max_tokens "
@@ -92,31 +103,48 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self.config.max_num_batched_tokens
+        spec_k = self._spec_tokens()
+        out.spec_active = spec_k > 0
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
-            num_new = self._num_new_tokens(req, budget)
+            num_new, num_spec = self._num_new_tokens(req, budget, spec_k)
             if num_new == 0:
                 i += 1
                 continue
             new_blocks = self._grow(req, num_new, out)
             if new_blocks is None:  # req itself was preempted to make room
                 continue
-            out.scheduled.append(self._commit(req, num_new, new_blocks, is_new=False))
+            out.scheduled.append(self._commit(req, num_new, new_blocks, is_new=False, num_spec=num_spec))
             budget -= num_new
             i += 1
         if not out.preempted:
             self._admit_waiting(out, budget)
         return out
 
-    def _num_new_tokens(self, req: Request, budget: int) -> int:
-        if req.num_generated >= req.max_tokens:
-            return 0  # its last token is in flight; update() will finish it
-        return min(req.num_known_tokens - req.num_computed_tokens, budget)
+    def _spec_tokens(self) -> int:
+        """Draft slots per decoding request this step: k, or 0 when speculation is off or the batch is too big."""
+        spec = self.spec
+        if spec is None:
+            return 0
+        if spec.disable_by_batch_size is not None and len(self.running) >= spec.disable_by_batch_size:
+            return 0
+        return spec.num_speculative_tokens
+
+    def _num_new_tokens(self, req: Request, budget: int, spec_k: int = 0) -> tuple[int, int]:
+        """(tokens to schedule, of which draft slots). The draft slots are capped so that even if every one is
+        accepted the request emits at most max_tokens tokens: its positions then stay below prompt + max_tokens."""
+        if req.num_generated_upper >= req.max_tokens:
+            return 0, 0  # its last token may be in flight; update() will finish it
+        num_new = req.num_known_tokens - (req.num_computed_tokens - req.num_spec_inflight)
+        if num_new == 1 and spec_k and spec_allowed(req):
+            num_spec = max(0, min(spec_k, req.max_tokens - req.num_generated_upper - 1, budget - 1))
+            return 1 + num_spec, num_spec
+        return min(num_new, budget), 0
 
     def _grow(self, req: Request, num_new: int, out: SchedulerOutput) -> list[int] | None:
         """Allocate blocks for num_new more tokens, preempting the newest running requests if needed."""
-        need = blocks_needed(req.num_computed_tokens + num_new, self.block_size) - len(req.block_ids)
+        need = self._blocks_for(req.num_computed_tokens + num_new) - len(req.block_ids)
         while True:
             got = self.pool.allocate(max(need, 0))
             if got is not None:
@@ -125,6 +153,11 @@ class Scheduler:
             self._preempt(victim, out)
             if victim is req:
                 return None
+
+    def _blocks_for(self, num_tokens: int) -> int:
+        """Blocks a request needs once num_tokens positions are computed (plus the draft model's lookahead)."""
+        return blocks_needed(min(num_tokens + self.lookahead, self.config.max_model_len) if self.lookahead
+                             else num_tokens, self.block_size)
 
     def _admit_waiting(self, out: SchedulerOutput, budget: int) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
@@ -138,7 +171,7 @@ class Scheduler:
                 break  # the whole prompt must fit one step: it waits for an emptier step
             num_new = min(remaining, budget)
             self.pool.hold(hits)  # before allocating: the hits must not be evicted for this very request
-            got = self.pool.allocate(blocks_needed(cached + num_new, self.block_size) - len(hits))
+            got = self.pool.allocate(self._blocks_for(cached + num_new) - len(hits))
             if got is None:
                 self.pool.free(hits)
                 break
@@ -183,15 +216,18 @@ class Scheduler:
             self.pool.register(req.block_ids[i], req.block_hashes[i])
         req.num_registered_blocks = full
 
-    def _commit(self, req: Request, num_new: int, new_blocks: list[int], is_new: bool) -> ScheduledRequest:
+    def _commit(self, req: Request, num_new: int, new_blocks: list[int], is_new: bool,
+                num_spec: int = 0) -> ScheduledRequest:
         first = len(req.block_ids)
         req.block_ids.extend(new_blocks)
+        samples = req.num_computed_tokens - req.num_spec_inflight + num_new - num_spec == req.num_known_tokens
         req.num_computed_tokens += num_new
-        samples = req.num_computed_tokens == req.num_known_tokens
         if samples:
             req.num_inflight += 1
+            req.num_spec_inflight += num_spec
         self._register_blocks(req)
-        return ScheduledRequest(req, req.row, num_new, is_new, new_blocks, first, req.num_computed_tokens, samples)
+        return ScheduledRequest(req, req.row, num_new, is_new, new_blocks, first, req.num_computed_tokens, samples,
+                                num_spec=num_spec)
 
     def _preempt(self, req: Request, out: SchedulerOutput) -> None:
         self.running.remove(req)
@@ -211,31 +247,44 @@ class Scheduler:
             req.row = -1
 
     # -- results -------------------------------------------------------------------------
-    def update(self, out: SchedulerOutput, sampled: list[int],
-               nonfinite: list[bool] | None = None) -> list[tuple[int, Request]]:
-        """Apply step `out`'s sampled tokens (one per scheduled request).
+    def update(self, out: SchedulerOutput, sampled: list[int], nonfinite: list[bool] | None = None,
+               spec_tokens: list[list[int]] | None = None) -> list[tuple[int, Request, int]]:
+        """Apply step `out`'s sampled tokens (one per scheduled request; with speculation, `spec_tokens[b]` is
+        the whole run request b emitted: its accepted drafts, then the corrected or bonus token).
 
-        Returns (batch row, request) for each live request that got a token or ended in error; a
-        request whose logits held NaN/inf is finished with reason "error" and its token dropped.
+        Returns (batch row, request, new output tokens) for each live request that got tokens or ended in
+        error; a request whose logits held NaN/inf is finished with reason "error" and its tokens dropped. A
+        stop inside a run ends the request there: the run's later tokens are dropped.
         """
-        changed: list[tuple[int, Request]] = []
+        changed: list[tuple[int, Request, int]] = []
         for b, (sched, token) in enumerate(zip(out.scheduled, sampled)):
             if not sched.samples:
                 continue
             req = sched.request
+            run = spec_tokens[b] if spec_tokens is not None else [token]
             req.num_inflight -= 1
+            req.num_spec_inflight -= sched.num_spec
+            if req.status is RequestStatus.RUNNING:  # a preempted request restarted its count from 0
+                req.num_computed_tokens -= sched.num_spec - (len(run) - 1)  # the rejected drafts
             if req.finished:
-                continue  # finished while this step was in flight: the token is dropped
+                continue  # finished while this step was in flight: the tokens are dropped
             if nonfinite is not None and nonfinite[b]:
                 self.finish(req, "error")
-            else:
-                req.output_token_ids.append(token)
+                changed.append((b, req, 0))
+                continue
+            n = 0
+            for tok in run:
+                req.output_token_ids.append(tok)
+                n += 1
                 self._register_blocks(req)  # first: a request ending here leaves its full blocks cached
-                self._check_stop(req, token)
-            changed.append((b, req))
+                self._check_stop(req, tok)
+                if req.finished:
+                    break
+            changed.append((b, req, n))
         return changed
 
     def _check_stop(self, req: Request, token: int) -> None:
+        """Finish req if `token`, just appended, ends it."""
         params = req.params
         if len(req.output_token_ids) >= params.min_tokens:
             if token in params.stop_token_ids:
@@ -263,3 +312,16 @@ class Scheduler:
         req.status = RequestStatus.FINISHED
         req.finish_reason = reason
         req.stop_reason = stop_reason
+
+
+def spec_allowed(req: Request) -> bool:
+    """Whether a request may be given draft slots: only sampling whose stages are the same at every position
+    (temperature, top-k/top-p/min-p, logprobs). Penalties, bad words and min_tokens depend on the tokens before
+    each draft position, and logit_bias / allowed_token_ids are kept off the verify path; such requests decode
+    one token per step (exactly, since they never have drafts in flight)."""
+    p, data = req.params, req.sampling
+    if p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty:
+        return False
+    if data.logit_bias or data.allowed is not None or data.banned or data.bad_prefixes:
+        return False
+    return len(req.output_token_ids) >= p.min_tokens

@@ -67,6 +67,9 @@ class StateTable:
         self.prompt_len = torch.zeros(max_reqs, **i32)                     # [R] int32
         self.seeds = torch.zeros(max_reqs, dtype=torch.int64, device=device)  # [R] int64
         self.top_k = torch.zeros(max_reqs, **i32)                          # [R] int32, 0 = off
+        # [R] int32 draft tokens proposed for the row (speculative decoding); the drafts themselves sit in the
+        # history's tail, token_ids[row, num_tokens : num_tokens + num_drafts], where a verify step reads them
+        self.num_drafts = torch.zeros(max_reqs, **i32)
         # [R] float32 each: temperature (0 = greedy), top_p, min_p, repetition/presence/frequency penalty
         self.floats = torch.zeros(len(_FLOAT_FIELDS), max_reqs, dtype=torch.float32, device=device)
         (self.temperature, self.top_p, self.min_p, self.repetition_penalty, self.presence_penalty,
@@ -75,7 +78,7 @@ class StateTable:
         self._tokens = _RaggedStage()
         self._blocks = _RaggedStage()
         self._rows: list[int] = []
-        self._ints: list[list[int]] = [[], [], [], []]  # num_tokens, num_computed, prompt_len, top_k
+        self._ints: list[list[int]] = [[], [], [], [], []]  # num_tokens, num_computed, prompt_len, top_k, num_drafts
         self._floats: list[list[float]] = [[] for _ in _FLOAT_FIELDS]
         self._seeds: list[int] = []
 
@@ -85,7 +88,7 @@ class StateTable:
         self._tokens.add(row, 0, token_ids)
         self._rows.append(row)
         top_k = min(max(0, params.top_k), _INT32_MAX)  # 0 = off; >= the vocabulary is off too (no int32 overflow)
-        for dst, value in zip(self._ints, (len(token_ids), num_computed, prompt_len, top_k)):
+        for dst, value in zip(self._ints, (len(token_ids), num_computed, prompt_len, top_k, 0)):
             dst.append(value)
         for dst, name in zip(self._floats, _FLOAT_FIELDS):
             dst.append(float(getattr(params, name)))
@@ -116,7 +119,7 @@ class StateTable:
                 apply_ragged_writes(dst, rows, starts, cu, values, self.use_triton)
         if n_new:
             rows = take(n_new).long()
-            for dst in (self.num_tokens, self.num_computed, self.prompt_len, self.top_k):
+            for dst in (self.num_tokens, self.num_computed, self.prompt_len, self.top_k, self.num_drafts):
                 dst.index_copy_(0, rows, take(n_new))
             floats = to_device([v for col in self._floats for v in col], torch.float32, self.device)
             self.floats.index_copy_(1, rows, floats.view(len(_FLOAT_FIELDS), n_new))
@@ -127,5 +130,5 @@ class StateTable:
         """Forget staged diffs (after they are applied, or when the step that staged them failed)."""
         self._tokens, self._blocks = _RaggedStage(), _RaggedStage()
         self._rows, self._seeds = [], []
-        self._ints = [[], [], [], []]
+        self._ints = [[], [], [], [], []]
         self._floats = [[] for _ in _FLOAT_FIELDS]

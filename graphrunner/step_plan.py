@@ -57,15 +57,16 @@ class StepShape:
 
 class GraphDispatcher(Protocol):
     def plan(self, num_reqs: int, num_tokens: int, max_seq_len: int, full_ok: bool,
-             mixed_ok: bool = False) -> StepPlan:
-        """full_ok: the batch is a uniform decode whose sampling the FULL graph covers; mixed_ok: a FULL
-        graph covers its sampling, whatever its query lengths (a mixed FULL graph may serve it)."""
+             mixed_ok: bool = False, query_len: int | None = None) -> StepPlan:
+        """full_ok: the batch is a uniform decode (query_len tokens a request; None = the ModelState's
+        uniform_query_len) whose sampling the FULL graph covers; mixed_ok: a FULL graph covers its sampling,
+        whatever its query lengths (a mixed FULL graph may serve it)."""
 
     def forward_mode(self, plan: StepPlan) -> AbstractContextManager[None]:
         """Context for a non-FULL forward (piecewise replay when the plan says so)."""
 
-    def replay_full(self, plan: StepPlan) -> tuple[torch.Tensor, torch.Tensor]:
-        """Replay the FULL graph; returns its (sampled [P] int32, nonfinite [P] bool) buffers."""
+    def replay_full(self, plan: StepPlan) -> tuple[torch.Tensor, ...]:
+        """Replay the FULL graph; returns its output buffers, those of StepBodies.full_step."""
 
 
 @dataclass(frozen=True)
@@ -76,5 +77,7 @@ class StepBodies:
     forward: Callable[[StepInputs, StepShape], torch.Tensor]
     # prepare..update over the first P step rows and T tokens with a fixed KV split count, for a uniform
     # decode (mixed False, T = P * query len) or any query lengths (mixed True):
-    # (num_reqs P, num_tokens T, num_splits, mixed) -> (sampled [P] int32, nonfinite [P] bool)
-    full_step: Callable[[int, int, int, bool], tuple[torch.Tensor, torch.Tensor]]
+    # (num_reqs P, num_tokens T, num_splits, mixed) -> (sampled [P] int32, nonfinite [P] bool); a speculative
+    # engine's verify graph (T = P * (1 + k)) adds (output_ids [P, K + 1] int32, num_accepted [P] int32,
+    # num_drafts [P] int32)
+    full_step: Callable[[int, int, int, bool], tuple[torch.Tensor, ...]]

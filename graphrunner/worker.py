@@ -8,15 +8,18 @@ parallelism each rank holds its KV heads, and every rank takes the smallest bloc
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from capture.compiled import graph_sizes, mixed_graph_sizes, prepare_compiled_model
 from capture.manager import CaptureManager
-from graphrunner.config import EngineConfig
+from graphrunner.config import EngineConfig, ModelConfig
 from graphrunner.kv_cache import allocate_kv_cache, blocks_needed, kv_bytes_per_block
 from graphrunner.loader import load_model
 from graphrunner.parallel_state import min_across_ranks, rank_kv_config
 from graphrunner.runner import ModelRunner
+from graphrunner.spec_decode.draft_model import DraftModel
 from graphrunner.state_table import StateTable
 from model_states import ModelState, get_model_state
 
@@ -28,7 +31,9 @@ GRAPH_POOL_MARGIN = 1.25
 
 def build_model_state(config: EngineConfig) -> ModelState:
     """The engine's one ModelState: the registry's class for the architecture, with the engine's block size."""
-    return get_model_state(config.model.architecture)(config.model, block_size=config.cache.block_size)
+    k = config.speculative.num_speculative_tokens if config.speculative is not None else 0
+    return get_model_state(config.model.architecture)(config.model, block_size=config.cache.block_size,
+                                                      num_speculative_tokens=k)
 
 
 def _profile_peak_bytes(runner: ModelRunner, config: EngineConfig) -> int:
@@ -55,6 +60,9 @@ def choose_num_blocks(config: EngineConfig, peak_bytes: int = 0, reserved_bytes:
     `reserved_bytes` (the CUDA-graph pool); on CPU, a laptop-sized cap."""
     cache, sc = config.cache, config.scheduler
     per_block = kv_bytes_per_block(rank_kv_config(config.model), cache.block_size, config.dtype)
+    spec = config.speculative
+    if spec is not None and spec.model is not None:  # a draft model keeps a cache of as many blocks
+        per_block += kv_bytes_per_block(ModelConfig.from_dir(spec.model), cache.block_size, config.dtype)
     if cache.num_blocks is not None:
         return cache.num_blocks
     want = sc.max_num_seqs * blocks_needed(sc.max_model_len, cache.block_size) + 1
@@ -69,6 +77,25 @@ def choose_num_blocks(config: EngineConfig, peak_bytes: int = 0, reserved_bytes:
                          f"{total * cache.gpu_memory_utilization / 2**30:.1f} GiB; raise gpu_memory_utilization "
                          f"or pass enforce_eager=True")
     return num
+
+
+def _load_draft(config: EngineConfig) -> DraftModel | None:
+    """The draft model of speculative method "draft_model": same vocabulary as the target, its own ModelState;
+    its KV cache is allocated once the block count is known."""
+    spec = config.speculative
+    if spec is None or spec.method != "draft_model" or spec.model is None:
+        return None
+    draft_dir = Path(spec.model)
+    if not (draft_dir / "config.json").is_file():
+        raise ValueError(f"speculative_config model {spec.model!r} is not a model directory (no config.json)")
+    draft_cfg = ModelConfig.from_dir(draft_dir)
+    if draft_cfg.vocab_size != config.model.vocab_size:
+        raise ValueError(f"the draft model's vocabulary ({draft_cfg.vocab_size}) differs from the target's "
+                         f"({config.model.vocab_size}); a draft model must share the target's tokenizer")
+    state = get_model_state(draft_cfg.architecture)(draft_cfg, block_size=config.cache.block_size)
+    model = load_model(draft_dir, state, config.dtype, config.device)
+    return DraftModel(model, state, allocate_kv_cache(draft_cfg, 2, config.cache.block_size, config.dtype,
+                                                      config.device))
 
 
 def build_runner(config: EngineConfig, model_state: ModelState | None = None) -> tuple[ModelRunner, int]:
@@ -90,8 +117,9 @@ def build_runner(config: EngineConfig, model_state: ModelState | None = None) ->
                        config.use_triton)
     kv_model = rank_kv_config(config.model)
     placeholder = allocate_kv_cache(kv_model, 2, bs, config.dtype, config.device)
+    draft = _load_draft(config)
     runner = ModelRunner(model, model_state, placeholder, state, config.use_triton, config.logprobs_mode,
-                         config.attention_backend, sc.max_num_batched_tokens)
+                         config.attention_backend, sc.max_num_batched_tokens, config.speculative, draft)
     manager = None
     if compile_on_gpu and config.cudagraph_mode != "none":
         full_sizes, token_sizes = graph_sizes(config, model_state)
@@ -106,6 +134,8 @@ def build_runner(config: EngineConfig, model_state: ModelState | None = None) ->
         reserved = int(manager.pool_bytes * GRAPH_POOL_MARGIN)
     num_blocks = min_across_ranks(choose_num_blocks(config, peak, reserved))  # one block count for every rank
     runner.kv_cache = allocate_kv_cache(kv_model, num_blocks, bs, config.dtype, config.device)
+    if draft is not None:  # the same block ids index the draft model's own cache
+        draft.kv_cache = allocate_kv_cache(draft.model_state.config, num_blocks, bs, config.dtype, config.device)
     del placeholder
     if manager is not None:
         manager.capture(runner.capture_bodies())

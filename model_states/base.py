@@ -117,6 +117,11 @@ class ModelState(ABC):
         """Tokens per request in a uniform decode (FULL) step: 1 plus the draft tokens being verified."""
         return 1 + self.num_speculative_tokens
 
+    @property
+    def full_query_lens(self) -> tuple[int, ...]:
+        """Tokens per request of the FULL graphs: plain decodes, and with speculation also verify steps."""
+        return (1,) if self.num_speculative_tokens == 0 else (1, 1 + self.num_speculative_tokens)
+
     def decode_batch_sizes(self, max_num_seqs: int) -> list[int]:
         """Batch sizes captured as full decode graphs: 1, 2, 4, 8, 16, 24, ... (step 8), ending at
         min(max_num_seqs, MAX_CAPTURE_BATCH_SIZE), which is always included."""

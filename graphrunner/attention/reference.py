@@ -33,6 +33,9 @@ def write_kv_ref(
         flat[i].index_copy_(0, target, data)
 
 
+SHORT_QUERY = 16  # queries up to this many tokens per request share the batched (decode) path
+
+
 def _decode_plan(meta: AttentionMetadata, device: torch.device) -> dict[str, object]:
     """Per-step tensors for the batched decode path, built once and cached on the metadata."""
     plan = meta.backend_cache.get("ref_plan")
@@ -40,13 +43,18 @@ def _decode_plan(meta: AttentionMetadata, device: torch.device) -> dict[str, obj
         starts = [0]
         for q_len in meta.query_lens_cpu:
             starts.append(starts[-1] + q_len)
-        decode = [b for b, q in enumerate(meta.query_lens_cpu) if q == 1]
-        prefill = [b for b, q in enumerate(meta.query_lens_cpu) if q != 1]
+        # decodes and short queries (speculative verify steps: 1 + k tokens) go through the batched path, one
+        # entry per query token; `back` = how many of its request's query tokens come after it
+        decode = [b for b, q in enumerate(meta.query_lens_cpu) if 1 <= q <= SHORT_QUERY]
+        prefill = [b for b, q in enumerate(meta.query_lens_cpu) if not 1 <= q <= SHORT_QUERY]
         max_decode_seq = max((meta.seq_lens_cpu[b] for b in decode), default=0)
-        idx = torch.tensor([decode, [starts[b] for b in decode]], dtype=torch.int64)  # [2, Nd] rows, tokens
+        tok_rows = [b for b in decode for _ in range(meta.query_lens_cpu[b])]
+        tok_idx = [starts[b] + i for b in decode for i in range(meta.query_lens_cpu[b])]
+        back = [meta.query_lens_cpu[b] - 1 - i for b in decode for i in range(meta.query_lens_cpu[b])]
+        idx = torch.tensor([tok_rows, tok_idx, back], dtype=torch.int64)  # [3, Nt] rows, tokens, tokens after
         if device.type == "cuda":
             idx = idx.pin_memory().to(device, non_blocking=True)
-        plan = {"decode_rows": idx[0], "decode_tokens": idx[1], "num_decode": len(decode),
+        plan = {"decode_rows": idx[0], "decode_tokens": idx[1], "decode_back": idx[2], "num_decode": len(tok_idx),
                 "max_decode_seq": max_decode_seq, "prefill_rows": prefill, "starts": starts}
         meta.backend_cache["ref_plan"] = plan
     return plan
@@ -85,7 +93,11 @@ def paged_attention_ref(
         max_seq = int(plan["max_decode_seq"])
         tok = plan["decode_tokens"]                                       # [Nd] token index of each decode
         assert isinstance(tok, torch.Tensor)
-        seq = meta.seq_lens.index_select(0, rows).long()                  # [Nd]
+        back = plan["decode_back"]
+        assert isinstance(back, torch.Tensor)
+        # the context each query token sees (its own position + 1); device seq_lens are exact, the host's may be
+        # upper bounds (speculative decoding), which only size the gather
+        seq = meta.seq_lens.index_select(0, rows).long() - back           # [Nd]
         k, v = _gather_kv(layer_cache, meta.block_table.index_select(0, rows), max_seq)  # [Nd, S, Hkv, D]
         q = query.index_select(0, tok).view(num_decode, num_kv_heads, group, head_dim).float()
         scores = torch.einsum("nhgd,nshd->nhgs", q, k.float()) * scale     # [Nd, Hkv, G, S]
@@ -106,13 +118,19 @@ def paged_attention_ref(
     starts = plan["starts"]
     assert isinstance(starts, list)
     for b in plan["prefill_rows"]:  # type: ignore[union-attr]
+        # seq_lens_cpu may be an upper bound (speculative decoding: the host does not know how many drafts the
+        # step in flight accepted); the device seq_lens are exact, so positions come from them, and the gathered
+        # context past them is masked (and its values zeroed: stale slots there may hold anything)
         q_len, s_len, start = meta.query_lens_cpu[b], meta.seq_lens_cpu[b], starts[b]
         q = query[start:start + q_len].transpose(0, 1)                    # [Hq, q, D]
         k, v = _gather_kv(layer_cache, meta.block_table[b:b + 1], s_len)  # [1, s, Hkv, D]
         k = k[0].transpose(0, 1).repeat_interleave(group, dim=0)          # [Hq, s, D]
         v = v[0].transpose(0, 1).repeat_interleave(group, dim=0)
-        q_pos = torch.arange(s_len - q_len, s_len, device=query.device)
+        seq = meta.seq_lens[b].long()                                     # [] exact context length
+        q_pos = seq - q_len + torch.arange(q_len, device=query.device)
         k_pos = torch.arange(s_len, device=query.device)
+        k = k.masked_fill((k_pos >= seq)[None, :, None], 0.0)
+        v = v.masked_fill((k_pos >= seq)[None, :, None], 0.0)
         mask = k_pos[None, :] <= q_pos[:, None]
         if sliding_window is not None:
             mask &= k_pos[None, :] > (q_pos[:, None] - sliding_window)

@@ -1,4 +1,6 @@
-"""Speculative decoding building blocks that run on the device over the state table.
+"""Speculative decoding on the device over the state table (runner layer).
 
-`ngram`: prompt-lookup (n-gram) draft proposer, a Triton kernel and its PyTorch reference.
+`ngram`: prompt-lookup draft kernel + reference; `proposer`: the runner's n-gram proposer (drafts into the history
+tail); `layout`: a verify step's logits rows and expanded idx_mapping; `sampler`: the verify sampler (stages +
+rejection); `update`: post-verify state update and draft writes.
 """

@@ -1,0 +1,82 @@
+"""The draft-model proposer (vLLM's method="draft_model"): a smaller model with the same vocabulary, its
+own ModelState and KV cache, indexed by the target's block table and slots (same block ids, its own tensor).
+
+Every step the draft model runs over the target's own step inputs (so its KV matches the target's positions,
+prefill chunks included; rejected drafts' positions are rewritten by the next step, like the target's). After the
+post-update it drafts greedily: k single-token forwards from each row's last token, each draft written into the
+row's history tail. The scheduler reserves k positions of KV blocks ahead for these writes. Nothing here syncs
+with the host, so a FULL verify graph records these forwards too (the draft model itself is not compiled).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from graphrunner.attention import forward_context
+from graphrunner.input_prep import StepInputs, prepare_inputs
+from graphrunner.spec_config import SpeculativeConfig
+from graphrunner.spec_decode.update import write_tail
+from graphrunner.state_table import StateTable
+from graphrunner.step_plan import StepShape
+from model_states.base import ModelState
+
+
+@dataclass
+class DraftModel:
+    model: nn.Module
+    model_state: ModelState
+    kv_cache: torch.Tensor  # [num_layers, 2, num_blocks, block_size, Hkv, D], the target's block ids
+
+
+class DraftModelProposer:
+    def __init__(self, config: SpeculativeConfig, draft: DraftModel, state: StateTable, use_triton: bool,
+                 attention_backend: str) -> None:
+        self.config = config
+        self.draft = draft
+        self.state = state
+        self.use_triton = use_triton
+        self.attention_backend = attention_backend
+
+    @property
+    def num_speculative_tokens(self) -> int:
+        return self.config.num_speculative_tokens
+
+    def _forward(self, inputs: StepInputs, shape: StepShape) -> torch.Tensor:
+        d = self.draft
+        meta = d.model_state.prepare_attn(inputs, shape)
+        with forward_context(meta, d.kv_cache, self.attention_backend):
+            return d.model_state.forward(d.model, inputs.input_ids, inputs.positions).hidden
+
+    def observe(self, inputs: StepInputs, shape: StepShape) -> None:
+        """The draft model over the target's step inputs: writes its KV at the same positions."""
+        self._forward(inputs, shape)
+
+    def propose(self, idx_mapping: torch.Tensor, seq_lens_upper: tuple[int, ...]) -> None:
+        """After the post-update: k greedy draft tokens per row from its last token (position num_computed).
+        seq_lens_upper: host upper bounds of each row's num_computed (the step's StepShape.seq_lens)."""
+        st, k = self.state, self.config.num_speculative_tokens
+        b = idx_mapping.shape[0]
+        if b == 0:
+            return
+        max_len = st.token_ids.shape[1]
+        rows = idx_mapping.long()  # [B] int64
+        nc = st.num_computed.index_select(0, rows)  # [B] int32, position of each row's last token
+        nt = st.num_tokens.index_select(0, rows).long()  # [B] int64
+        ones = torch.ones(b, dtype=torch.int32, device=idx_mapping.device)
+        cols = st.block_table.shape[1]
+        positions = st.num_computed.clone()  # [R] int32, a scratch copy the prep kernel reads
+        for i in range(k):
+            # the draft's i-th input is token_ids[row, nc + i] (the last token, then the drafts just written); a
+            # position past the row is clamped to its last one (a request at max_model_len: nothing is used there)
+            positions.index_copy_(0, rows, (nc + i).clamp(max=max_len - 1))
+            inputs = prepare_inputs(idx_mapping, ones, st.token_ids, positions, st.block_table,
+                                    self.draft.model_state.block_size, b, cols, self.use_triton)
+            shape = StepShape(b, b, (1,) * b, tuple(min(s + i + 1, max_len) for s in seq_lens_upper))
+            hidden = self._forward(inputs, shape)  # [B, hidden]
+            tok = self.draft.model.compute_logits(hidden).argmax(dim=-1).to(torch.int32)  # [B] int32
+            room = (nt + i < max_len).to(torch.int64)  # [B] int64: this draft fits the row
+            write_tail(st.token_ids, rows, nt + i, tok[:, None], room)
+        st.num_drafts.index_copy_(0, rows, (max_len - nt).clamp(0, k).to(torch.int32))

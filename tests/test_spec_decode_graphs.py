@@ -1,0 +1,159 @@
+"""Speculative decoding through the graph paths: the FULL verify body (uniform 1 + k steps) run without a graph on
+CPU gives the same tokens as eager verify steps; on the GPU (marked gpu) the engine with CUDA graphs on, FULL
+verify graphs replayed, gives the tokens of the engine without speculation, and its step loop never synchronises.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from tiny_models import make_tiny_model
+
+from capture.manager import CaptureManager
+from graphrunner import LLM, SamplingParams
+from graphrunner.step_plan import StepBodies, StepMode, StepPlan
+
+SPEC = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+GREEDY = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
+
+
+def _prompts(vocab: int = 400) -> list[list[int]]:
+    rng = random.Random(3)
+    out = []
+    for n in (2, 3, 4, 6, 9):
+        pat = [rng.randrange(1, vocab) for _ in range(n)]
+        out.append((pat * 6)[: 3 * n + 1])
+    return out + [[rng.randrange(1, vocab) for _ in range(13)]]
+
+
+class _GraphlessFull(CaptureManager):
+    """Plans like the real manager, but 'replays' by running the FULL body eagerly (CPU has no graphs)."""
+
+    bodies: StepBodies
+    query_lens_replayed: list[int]
+
+    def replay_full(self, plan: StepPlan) -> Any:
+        if not plan.mixed:
+            self.query_lens_replayed.append(plan.num_tokens // plan.num_reqs)
+        return self.bodies.full_step(plan.num_reqs, plan.num_tokens, plan.num_splits, plan.mixed)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_model(tmp_path_factory.mktemp("specgraphs"), "Qwen3ForCausalLM")
+
+
+def test_full_verify_body_with_padding_rows_matches_eager(model_dir: Path) -> None:
+    # the Triton attention (interpreted on CPU): a mixed graph's host shape is one query row of all its tokens,
+    # which only the Triton kernel reads right (it takes each request's real length from the device)
+    kwargs: dict[str, Any] = {"num_gpu_blocks_override": 60, "max_model_len": 96, "max_num_seqs": 8,
+                              "speculative_config": SPEC, "attention_backend": "triton"}
+    prompts = _prompts()
+    params = [GREEDY, GREEDY, SamplingParams(temperature=0.9, seed=5, max_tokens=32, ignore_eos=True)] * 2
+    expected = [o.outputs[0].token_ids for o in LLM(model=model_dir, **kwargs).generate(prompts, params)]
+    llm = LLM(model=model_dir, **kwargs)
+    runner = llm.engine.runner
+    # mixed FULL graphs too: the admission step (six prompts) replays one, and the proposal runs inside it
+    manager = _GraphlessFull(runner.model_state, runner.buffers, None, [1, 2, 8], [], runner.max_model_len,
+                             [(8, 128), (8, 256)])
+    manager.bodies = runner.capture_bodies()
+    manager.query_lens_replayed = []
+    runner.graphs = manager
+    got = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+    assert manager.mixed_steps >= 1
+    assert runner.model_state.full_query_lens == (1, 4)
+    # six requests padded to 8 rows: verify steps of 4 tokens each (and plain decodes near max_tokens)
+    assert manager.query_lens_replayed.count(4) >= 4
+    assert got == expected
+    assert llm.engine.stats.spec_decode_counts[2] > 0
+    state = runner.state
+    assert int(state.num_tokens[state.padding_row]) == 1 and int(state.num_computed[state.padding_row]) == 0
+
+
+def test_full_verify_body_drafts_with_a_model(model_dir: Path) -> None:
+    """The draft model inside the FULL bodies (observe the step's inputs, draft k tokens): the target drafting for
+    itself has every draft accepted, and the tokens equal eager ones."""
+    spec = {"method": "draft_model", "model": str(model_dir), "num_speculative_tokens": 3}
+    kwargs: dict[str, Any] = {"num_gpu_blocks_override": 60, "max_model_len": 96, "max_num_seqs": 8,
+                              "speculative_config": spec}
+    prompts = _prompts()
+    expected = [o.outputs[0].token_ids for o in LLM(model=model_dir, **kwargs).generate(prompts, GREEDY)]
+    llm = LLM(model=model_dir, **kwargs)
+    runner = llm.engine.runner
+    manager = _GraphlessFull(runner.model_state, runner.buffers, None, [1, 2, 8], [], runner.max_model_len)
+    manager.bodies = runner.capture_bodies()
+    manager.query_lens_replayed = []
+    runner.graphs = manager
+    got = [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY)]
+    assert manager.query_lens_replayed.count(4) >= 4
+    assert got == expected
+    _, draft_tokens, accepted = llm.engine.stats.spec_decode_counts
+    assert draft_tokens > 0 and accepted == draft_tokens
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("k", [1, 3])
+def test_gpu_graphs_on_equal_without_speculation(tmp_path: Path, k: int) -> None:
+    model_dir = make_tiny_model(tmp_path, "Qwen3ForCausalLM")
+    kwargs: dict[str, Any] = {"dtype": "float32", "max_model_len": 256, "device": "cuda", "max_num_seqs": 16}
+    prompts = _prompts()
+    expected = [o.outputs[0].token_ids for o in LLM(model=model_dir, **kwargs).generate(prompts, GREEDY)]
+    llm = LLM(model=model_dir, speculative_config={**SPEC, "num_speculative_tokens": k}, **kwargs)
+    assert llm.engine.runner.graphs is not None  # graphs on
+    got = [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY)]
+    assert got == expected
+    assert llm.engine.runner.graphs.mode_counts[StepMode.FULL] > 0  # FULL (verify) graphs replayed
+    assert llm.engine.stats.spec_decode_counts[2] > 0
+    # seeded sampling alone and in a batch, graphs on
+    params = [SamplingParams(temperature=0.8, seed=40 + i, max_tokens=32, ignore_eos=True) for i in range(len(prompts))]
+    together = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+    alone = [llm.generate([p], sp)[0].outputs[0].token_ids for p, sp in zip(prompts, params)]
+    assert together == alone
+
+
+@pytest.mark.gpu
+def test_gpu_draft_model_graphs_on_equal_without_speculation(tmp_path: Path) -> None:
+    """FULL verify graphs hold the draft model's forwards; the target drafting for itself accepts (almost) all."""
+    model_dir = make_tiny_model(tmp_path, "Qwen3ForCausalLM")
+    kwargs: dict[str, Any] = {"dtype": "float32", "max_model_len": 256, "device": "cuda", "max_num_seqs": 16}
+    prompts = _prompts()
+    expected = [o.outputs[0].token_ids for o in LLM(model=model_dir, **kwargs).generate(prompts, GREEDY)]
+    spec = {"method": "draft_model", "model": str(model_dir), "num_speculative_tokens": 3}
+    llm = LLM(model=model_dir, speculative_config=spec, **kwargs)
+    assert llm.engine.runner.graphs is not None
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY)] == expected
+    assert llm.engine.runner.graphs.mode_counts[StepMode.FULL] > 0  # FULL verify graphs, the draft inside
+    _, draft_tokens, accepted = llm.engine.stats.spec_decode_counts
+    assert accepted > 0.9 * draft_tokens  # bf16-free fp32: the self-draft agrees (almost) everywhere
+
+
+@pytest.mark.gpu
+def test_gpu_spec_step_loop_never_synchronises(tmp_path: Path) -> None:
+    model_dir = make_tiny_model(tmp_path, "Qwen3ForCausalLM")
+    llm = LLM(model=model_dir, max_model_len=256, num_gpu_blocks_override=24, max_num_batched_tokens=32,
+              block_size=16, device="cuda", speculative_config=SPEC)
+    engine = llm.engine
+    launch = engine.runner.execute
+    launches = 0
+
+    def checked(sched):  # type: ignore[no-untyped-def]
+        nonlocal launches
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            out = launch(sched)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        launches += 1
+        return out
+
+    engine.runner.execute = checked  # type: ignore[method-assign]
+    extras = [{}, {"top_k": 5, "top_p": 0.9}, {"logprobs": 2}, {"repetition_penalty": 1.2}, {"min_tokens": 4}]
+    params = [SamplingParams(temperature=t, max_tokens=24, ignore_eos=True, seed=i, **extras[i % len(extras)])
+              for i, t in enumerate([0.0, 0.7, 1.0] * 4)]
+    outs = llm.generate((_prompts() * 2)[:12], params)
+    assert launches > 10 and all(len(o.outputs[0].token_ids) == 24 for o in outs)
+    assert engine.stats.spec_decode_counts[2] > 0

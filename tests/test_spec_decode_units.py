@@ -1,0 +1,166 @@
+"""Speculative decoding's pieces on their own: the config (vLLM's dict, CLI flags, clear refusals), the verify
+step's logits-row layout, and the device state updates, against plain Python loops on awkward sizes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+
+import pytest
+import torch
+
+from graphrunner import cli
+from graphrunner.engine_args import EngineArgs, build_engine_config
+from graphrunner.spec_config import SpeculativeConfig
+from graphrunner.spec_decode.layout import build_spec_layout, uniform_spec_layout
+from graphrunner.spec_decode.update import post_update_spec, read_drafts, write_drafts
+
+# -- config ---------------------------------------------------------------------------------------------------
+
+
+def test_config_from_vllm_dict() -> None:
+    c = SpeculativeConfig.from_dict({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3})
+    assert (c.num_speculative_tokens, c.prompt_lookup_min, c.prompt_lookup_max) == (4, 3, 3)
+    c = SpeculativeConfig.from_dict({"method": "ngram", "num_speculative_tokens": 2})
+    assert (c.prompt_lookup_min, c.prompt_lookup_max, c.disable_by_batch_size) == (5, 5, None)
+    c = SpeculativeConfig.from_dict({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 2,
+                                     "disable_by_batch_size": 8})
+    assert (c.prompt_lookup_min, c.prompt_lookup_max, c.disable_by_batch_size) == (2, 2, 8)
+
+
+@pytest.mark.parametrize("raw, words", [
+    ({"num_speculative_tokens": 3}, "method"),
+    ({"method": "eagle", "num_speculative_tokens": 3}, "not supported"),
+    ({"method": "draft_model", "num_speculative_tokens": 3}, "needed by method 'draft_model'"),
+    ({"method": "ngram", "num_speculative_tokens": 3, "model": "/x"}, "only by it"),
+    ({"method": "ngram"}, "num_speculative_tokens"),
+    ({"method": "ngram", "num_speculative_tokens": 0}, "positive"),
+    ({"method": "ngram", "num_speculative_tokens": 99}, "<="),
+    ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 4, "prompt_lookup_max": 2}, "<="),
+    ({"method": "ngram", "num_speculative_tokens": 2, "disable_by_batch_size": 0}, "positive"),
+    ({"method": "ngram", "num_speculative_tokens": 2, "bogus": 1}, "bogus"),
+    ([1, 2], "dict"),
+])
+def test_config_refusals(raw: object, words: str) -> None:
+    with pytest.raises(ValueError, match=words):
+        SpeculativeConfig.from_dict(raw)
+
+
+def test_engine_arguments_and_cli_flags() -> None:
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}
+    assert build_engine_config(speculative_config=spec).speculative == SpeculativeConfig("ngram", 3, 4, 4)
+    assert build_engine_config().speculative is None
+    with pytest.raises(ValueError, match="not valid JSON"):
+        build_engine_config(speculative_config="{nope")
+    flag = '{"method": "ngram", "num_speculative_tokens": 2}'
+    args = cli.build_parser().parse_args(["generate", "--speculative-config", flag, "x"])
+    assert EngineArgs(**cli.engine_kwargs(args)).create_engine_config().speculative.num_speculative_tokens == 2
+    parser = EngineArgs.add_cli_args(argparse.ArgumentParser())  # vLLM's engine-argument flags
+    ns = parser.parse_args(["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 5}'])
+    assert EngineArgs.from_cli_args(ns).create_engine_config().speculative.num_speculative_tokens == 5
+
+
+# -- layout and state updates ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("num_spec", [[], [0], [3], [0, 2, 0, 5, 1], [4] * 7])
+def test_layout_matches_a_loop(num_spec: list[int]) -> None:
+    rng = random.Random(len(num_spec))
+    counts = [s + 1 if s else rng.randrange(1, 9) for s in num_spec]
+    rows = rng.sample(range(50), len(num_spec))
+    lay = build_spec_layout(rows, counts, num_spec, torch.device("cpu"))
+    li, ex, req, jj, cu, end = [], [], [], [], [0], 0
+    for b, (r, n, s) in enumerate(zip(rows, counts, num_spec)):
+        end += n
+        for j in range(s + 1):
+            li.append(end - 1 - s + j)
+            ex.append(r)
+            req.append(b)
+            jj.append(j)
+        cu.append(cu[-1] + s + 1)
+    assert lay.logits_indices.tolist() == li and lay.expanded_idx.tolist() == ex
+    assert lay.row_req.tolist() == req and lay.row_j.tolist() == jj and lay.cu_num_logits.tolist() == cu
+    assert lay.first_row == tuple(cu[:-1]) and lay.num_logits == cu[-1] and lay.num_spec.tolist() == num_spec
+    with pytest.raises(ValueError, match="draft slots"):
+        build_spec_layout([0], [2], [2], torch.device("cpu"))
+
+
+def test_uniform_layout_equals_the_host_layout() -> None:
+    k, rows = 3, [7, 2, 9, 4, 4]
+    counts = [4, 4, 4, 0, 0]  # two padding requests (0 tokens) pointing at one padding row
+    lay = uniform_spec_layout(torch.tensor(rows, dtype=torch.int32), torch.tensor(counts, dtype=torch.int32), k)
+    host = build_spec_layout(rows[:3], counts[:3], [k] * 3, torch.device("cpu"))
+    n = host.num_logits
+    assert lay.num_spec.tolist() == [3, 3, 3, 0, 0]
+    for name in ("logits_indices", "expanded_idx", "row_req", "row_j"):
+        assert getattr(lay, name)[:n].tolist() == getattr(host, name).tolist(), name
+    assert lay.cu_num_logits[:4].tolist() == host.cu_num_logits.tolist()
+
+
+def _state(rng: random.Random, num_rows: int, width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    tok = torch.tensor([[rng.randrange(100) for _ in range(width)] for _ in range(num_rows)], dtype=torch.int32)
+    nt = torch.tensor([rng.randrange(1, width + 1) for _ in range(num_rows)], dtype=torch.int32)
+    nc = (nt - 1).clamp(min=0)
+    return tok, nt, nc
+
+
+@pytest.mark.parametrize("num_reqs, k, width", [(0, 3, 9), (1, 1, 5), (5, 3, 11), (7, 5, 13)])
+def test_post_update_spec_matches_a_loop(num_reqs: int, k: int, width: int) -> None:
+    rng = random.Random(num_reqs * 31 + k)
+    tok, nt, nc = _state(rng, 9, width)
+    rows = rng.sample(range(9), num_reqs)
+    sched, spec, acc, out = [], [], [], []
+    for r in rows:
+        s = rng.randrange(k + 1)
+        partial = rng.random() < 0.2  # a prefill chunk that does not reach the row's end
+        if partial:
+            nc[r] = max(0, int(nt[r]) - 5)
+            s, n = 0, min(2, int(nt[r] - nc[r]) - 1) if nt[r] - nc[r] > 1 else 0
+        else:
+            n = 1 + s
+        a = rng.randrange(s + 1)
+        sched.append(n)
+        spec.append(s)
+        acc.append(a)
+        out.append([rng.randrange(100) for _ in range(a + 1)] + [-1] * (k - a))
+    want_tok, want_nt, want_nc = tok.clone(), nt.clone(), nc.clone()
+    for r, n, s, a, o in zip(rows, sched, spec, acc, out):
+        new_nc = int(want_nc[r]) + n - s + a
+        want_nc[r] = new_nc
+        if new_nc >= int(want_nt[r]):
+            for t in o[:a + 1]:
+                if want_nt[r] < width:
+                    want_tok[r, want_nt[r]] = t
+                    want_nt[r] += 1
+    i32 = {"dtype": torch.int32}
+    out_t = torch.tensor(out, **i32).view(num_reqs, k + 1)
+    post_update_spec(torch.tensor(rows, **i32), torch.tensor(sched, **i32), torch.tensor(spec, **i32), out_t,
+                     torch.tensor(acc, **i32), tok, nc, nt)
+    assert torch.equal(tok, want_tok) and torch.equal(nt, want_nt) and torch.equal(nc, want_nc)
+
+
+@pytest.mark.parametrize("num_reqs, k, width", [(0, 2, 7), (1, 3, 6), (6, 5, 10)])
+def test_write_and_read_drafts_match_a_loop(num_reqs: int, k: int, width: int) -> None:
+    rng = random.Random(num_reqs + 7 * k)
+    tok, nt, _ = _state(rng, 8, width)
+    row_nd = torch.full((8,), 9, dtype=torch.int32)
+    rows = rng.sample(range(8), num_reqs)
+    nd = [rng.randrange(k + 1) for _ in rows]
+    drafts = [[rng.randrange(100) if j < n else -1 for j in range(k)] for n in nd]
+    want_tok, want_nd = tok.clone(), row_nd.clone()
+    for r, n, d in zip(rows, nd, drafts):
+        m = min(n, width - int(nt[r]))
+        for j in range(m):
+            want_tok[r, int(nt[r]) + j] = d[j]
+        want_nd[r] = m
+    i32 = {"dtype": torch.int32}
+    idx = torch.tensor(rows, **i32)
+    write_drafts(idx, torch.tensor(drafts, **i32).view(num_reqs, k), torch.tensor(nd, **i32), tok, nt, row_nd)
+    assert torch.equal(tok, want_tok) and torch.equal(row_nd, want_nd)
+    num_spec = torch.tensor([rng.randrange(k + 1) for _ in rows], **i32)
+    got, got_n = read_drafts(idx, num_spec, k, tok, nt, row_nd)
+    for b, r in enumerate(rows):
+        assert int(got_n[b]) == min(int(num_spec[b]), int(want_nd[r]))
+        for j in range(int(want_nd[r])):
+            assert int(got[b, j]) == drafts[b][j]

@@ -1,0 +1,111 @@
+"""Speculative decoding benchmark (issue 16): TPOT, time per step and mean acceptance length of our engine with and
+without n-gram speculation, per workload and batch size.
+
+Workloads: "copy" (each prompt is a random passage followed by its first half, so a model that copies, as trained
+models do, continues the passage and prompt lookup finds every draft) and "random" (random ids). A random-weight
+model does not copy: its drafts come from its own greedy loops, on both workloads.
+"step_ms" is the wall time per engine step while decoding: with speculation it is the cost of a verify step of
+1 + k tokens per request, without it the cost of a plain decode step. Example (H200):
+  python tools/bench_spec.py --model /tmp/qwen3-0.6b-random --batch-sizes 1,64 --k 4 --disable-by-batch-size 32
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+from typing import Any
+
+from bench_common import Report, Row, add_common_args, measure_ttft_tpot, ours_generate, parse_int_list, resolve_device
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_common_args(p, default_json="bench_spec.json")
+    p.add_argument("--workloads", default="copy,random", help="comma list of copy, random")
+    p.add_argument("--batch-sizes", default="1,64")
+    p.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
+    p.add_argument("--method", default="ngram", choices=("ngram", "draft_model"))
+    p.add_argument("--draft-model", default=None, help="draft_model: the draft's HF-format directory")
+    p.add_argument("--prompt-lookup-min", type=int, default=2)
+    p.add_argument("--prompt-lookup-max", type=int, default=4)
+    p.add_argument("--disable-by-batch-size", type=int, default=None)
+    p.add_argument("--passage-len", type=int, default=200, help="copy workload: passage length (tokens)")
+    p.add_argument("--output-len", type=int, default=128)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--max-model-len", type=int, default=1024)
+    return p.parse_args(argv)
+
+
+def prompts_for(workload: str, batch: int, passage_len: int, vocab: int) -> list[list[int]]:
+    rng = random.Random(0)
+    out = []
+    for _ in range(batch):
+        passage = [rng.randrange(vocab) for _ in range(passage_len)]
+        out.append(passage + passage[: passage_len // 2] if workload == "copy" else passage)
+    return out
+
+
+def run_case(args: argparse.Namespace, device: Any, workload: str, batch: int, spec: dict | None) -> dict[str, Any]:
+    from graphrunner import LLM
+
+    llm = LLM(model=args.model, max_model_len=args.max_model_len, max_num_seqs=max(batch, 1), device=str(device),
+              enforce_eager=args.enforce_eager, gpu_memory_utilization=args.gpu_memory_utilization,
+              speculative_config=spec)
+    prompts = prompts_for(workload, batch, args.passage_len, min(10000, llm.engine.config.model.vocab_size))
+    steps = [0]
+    execute = llm.engine.runner.execute
+
+    def counted(sched: Any) -> Any:
+        steps[0] += 1
+        return execute(sched)
+
+    llm.engine.runner.execute = counted  # type: ignore[method-assign]
+    ours_generate(llm, prompts, 8, 0.0)  # warm-up
+    steps[0] = 0
+    before = llm.engine.stats.spec_decode_counts
+    res = measure_ttft_tpot(lambda n: ours_generate(llm, prompts, n, 0.0), args.output_len, args.repeats, device,
+                            warmup_lens=(1,))
+    after = llm.engine.stats.spec_decode_counts
+    steps[0] = 0
+    ours_generate(llm, prompts, args.output_len, 0.0)
+    decode_steps = steps[0] - 1  # the first step is the prefill
+    res["decode_steps"] = decode_steps
+    res["step_ms"] = res["tpot_ms"] * (args.output_len - 1) / max(1, decode_steps)
+    drafts, accepted = after[0] - before[0], after[2] - before[2]
+    res["mean_acceptance_length"] = 1 + accepted / drafts if drafts else None
+    res["draft_tokens"] = after[1] - before[1]
+    return res
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    device = resolve_device(args.device)
+    report = Report("bench_spec", vars(args))
+    spec: dict[str, Any] = {"method": args.method, "num_speculative_tokens": args.k,
+                            "disable_by_batch_size": args.disable_by_batch_size}
+    if args.method == "ngram":
+        spec.update(prompt_lookup_min=args.prompt_lookup_min, prompt_lookup_max=args.prompt_lookup_max)
+    else:
+        if args.draft_model is None:
+            raise SystemExit("--method draft_model needs --draft-model DIR")
+        spec["model"] = args.draft_model
+    for workload in [w.strip() for w in args.workloads.split(",") if w.strip()]:
+        for batch in parse_int_list(args.batch_sizes):
+            base = run_case(args, device, workload, batch, None)
+            fast = run_case(args, device, workload, batch, spec)
+            key = f"{workload} b={batch}"
+            peer = "no spec"
+            report.add(Row(key, "TPOT", "ms", False, fast["tpot_ms"], peer, base["tpot_ms"]))
+            report.add(Row(key, "step", "ms", False, fast["step_ms"], peer, base["step_ms"],
+                           note="verify step vs plain decode step"))
+            report.add(Row(key, "mean acceptance length", "tokens", True, fast["mean_acceptance_length"]))
+            report.extra.setdefault("cases", {})[key] = {"no_spec": base, "spec": fast}
+            print(f"{workload} b={batch}: TPOT {base['tpot_ms']:.3f} -> {fast['tpot_ms']:.3f} ms "
+                  f"(x{base['tpot_ms'] / fast['tpot_ms']:.2f}), step {base['step_ms']:.3f} -> {fast['step_ms']:.3f} "
+                  f"ms, mean acceptance length {fast['mean_acceptance_length']}", flush=True)
+    report.print_table()
+    report.write_json(args.json)
+
+
+if __name__ == "__main__":
+    main()
