@@ -13,7 +13,7 @@ import pytest
 import torch
 from scipy import stats
 
-from graphrunner.sampling.gumbel import sample
+from graphrunner.sampling.gumbel_split import sample
 from graphrunner.sampling.rejection import rejection_sample, rejection_sample_ref, rejection_sample_triton
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

@@ -5,6 +5,7 @@ each stage module holds its Triton kernel next to its PyTorch reference.
 
 from __future__ import annotations
 
-from graphrunner.sampling.gumbel import gumbel_noise_ref, gumbel_noise_triton, sample, sample_ref, sample_triton
+from graphrunner.sampling.gumbel import gumbel_noise_ref, gumbel_noise_triton, sample_ref
+from graphrunner.sampling.gumbel_split import sample, sample_triton
 
 __all__ = ["gumbel_noise_ref", "gumbel_noise_triton", "sample", "sample_ref", "sample_triton"]

@@ -228,18 +228,6 @@ def sample_ref(
     return out
 
 
-def sample_triton(
-    logits: Tensor, idx_mapping: Tensor, temperature: Tensor, seeds: Tensor, num_tokens: Tensor
-) -> Tensor:  # [B] int32
-    """Triton version of sample: the vocab split across programs (gumbel_split.py) unless
-    GRAPHRUNNER_SPLIT_SAMPLE=0, then one program per row."""
-    from graphrunner.sampling import gumbel_split  # it builds on this module's hash and checks
-
-    if gumbel_split.SPLIT_SAMPLE_ENABLED:
-        return gumbel_split.sample_split_triton(logits, idx_mapping, temperature, seeds, num_tokens)[0]
-    return sample_rowwise_triton(logits, idx_mapping, temperature, seeds, num_tokens)
-
-
 def sample_rowwise_triton(
     logits: Tensor, idx_mapping: Tensor, temperature: Tensor, seeds: Tensor, num_tokens: Tensor
 ) -> Tensor:  # [B] int32
@@ -256,16 +244,3 @@ def sample_rowwise_triton(
         seeds.contiguous(), num_tokens.contiguous(), out, vocab_size, BLOCK_V=block_v, num_warps=num_warps,
     )
     return out
-
-
-def sample(
-    logits: Tensor,  # [B, V] float32 (bf16 / fp16 are upcast inside)
-    idx_mapping: Tensor,  # [B] int32
-    temperature: Tensor,  # [R] float32 per row; 0 = greedy (exact argmax, lowest index on ties)
-    seeds: Tensor,  # [R] int64 per row
-    num_tokens: Tensor,  # [R] int32 per row; the RNG position key is num_tokens[row]
-    use_triton: bool,
-) -> Tensor:  # [B] int32
-    """Gumbel-max sample one token per row; same (seed, position) gives the same token whatever the batch."""
-    fn = sample_triton if use_triton else sample_ref
-    return fn(logits, idx_mapping, temperature, seeds, num_tokens)

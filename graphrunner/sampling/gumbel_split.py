@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from graphrunner.sampling.gumbel import _check_sample, _gumbel, _row_keys, sample_ref
+from graphrunner.sampling.gumbel import _check_sample, _gumbel, _row_keys, sample_ref, sample_rowwise_triton
 
 # Read once at import, for A/B runs: GRAPHRUNNER_SPLIT_SAMPLE=0 row-per-program kernel, 1 (default) split with the
 # last program of each row reducing (one launch), 2 split with a separate reduce kernel.
@@ -151,7 +151,7 @@ def sample_split_triton(
     seeds: Tensor,  # [R] int64
     num_tokens: Tensor,  # [R] int32, RNG position key
 ) -> tuple[Tensor, Tensor]:  # [B] int32 tokens, [B] bool: the row's logits held NaN or +-inf
-    """gumbel.sample with the vocab split across programs; also returns ~isfinite(logits).all(-1)."""
+    """gumbel_split.sample with the vocab split across programs; also returns ~isfinite(logits).all(-1)."""
     _check_sample(logits, idx_mapping, temperature, seeds, num_tokens)
     num_reqs, vocab_size = logits.shape
     out = torch.empty(num_reqs, dtype=torch.int32, device=logits.device)  # [B] int32
@@ -181,3 +181,26 @@ def sample_split_ref(
 ) -> tuple[Tensor, Tensor]:  # [B] int32, [B] bool
     """PyTorch reference of sample_split_triton: gumbel.sample_ref plus the non-finite flag of each row."""
     return sample_ref(logits, idx_mapping, temperature, seeds, num_tokens), ~torch.isfinite(logits).all(dim=-1)
+
+
+def sample_triton(
+    logits: Tensor, idx_mapping: Tensor, temperature: Tensor, seeds: Tensor, num_tokens: Tensor
+) -> Tensor:  # [B] int32
+    """Triton version of sample: the vocab split across programs (below) unless
+    GRAPHRUNNER_SPLIT_SAMPLE=0, then one program per row."""
+    if SPLIT_SAMPLE_ENABLED:
+        return sample_split_triton(logits, idx_mapping, temperature, seeds, num_tokens)[0]
+    return sample_rowwise_triton(logits, idx_mapping, temperature, seeds, num_tokens)
+
+
+def sample(
+    logits: Tensor,  # [B, V] float32 (bf16 / fp16 are upcast inside)
+    idx_mapping: Tensor,  # [B] int32
+    temperature: Tensor,  # [R] float32 per row; 0 = greedy (exact argmax, lowest index on ties)
+    seeds: Tensor,  # [R] int64 per row
+    num_tokens: Tensor,  # [R] int32 per row; the RNG position key is num_tokens[row]
+    use_triton: bool,
+) -> Tensor:  # [B] int32
+    """Gumbel-max sample one token per row; same (seed, position) gives the same token whatever the batch."""
+    fn = sample_triton if use_triton else sample_ref
+    return fn(logits, idx_mapping, temperature, seeds, num_tokens)

@@ -15,7 +15,7 @@ import torch
 from graphrunner.sampling import gumbel_split
 from graphrunner.sampling.batch import SamplingBatch
 from graphrunner.sampling.filters import apply_filters
-from graphrunner.sampling.gumbel import sample
+from graphrunner.sampling.gumbel_split import sample
 from graphrunner.sampling.logprobs import LogprobsTensors, compute_logprobs
 from graphrunner.sampling.masks import apply_allowed_tokens, apply_bad_word_prefixes, apply_sparse_edits
 from graphrunner.sampling.penalties import apply_penalties
