@@ -251,7 +251,8 @@ class AsyncLLM:
                 return
             try:
                 self._check_queue(command.params)
-                rid = self.engine.add_request(command.prompt, command.params, command.request_id)
+                rid = self.engine.add_request(command.prompt, command.params, command.request_id,
+                                              final_only=command.params.output_kind is RequestOutputKind.FINAL_ONLY)
             except Exception as exc:  # noqa: BLE001 -- ValueError, QueueFull, ...: the caller gets it, nothing queued
                 command.future.set_exception(exc)
                 return

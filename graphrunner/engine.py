@@ -69,8 +69,10 @@ class Engine:
             shutdown()
 
     # -- submission ----------------------------------------------------------------------
-    def add_request(self, prompt: Any, params: SamplingParams | None = None, request_id: str | None = None) -> str:
-        """Validate and queue one request; raises ValueError (nothing queued) on bad input."""
+    def add_request(self, prompt: Any, params: SamplingParams | None = None, request_id: str | None = None,
+                    final_only: bool = False) -> str:
+        """Validate and queue one request; raises ValueError (nothing queued) on bad input. `final_only`: step()
+        reports it only when it finishes (no per-step RequestOutput is built: LLM.generate needs none)."""
         params = params if params is not None else SamplingParams()
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
@@ -94,7 +96,8 @@ class Engine:
                     for i in range(params.n)]
         for child in children:  # checks the cache can ever hold it: raises before anything is queued
             self.scheduler.check_fits(child)
-        parent = ParentRequest(request_id, text, ids, children, [self._detokenizer(ids, params) for _ in children])
+        parent = ParentRequest(request_id, text, ids, children, [self._detokenizer(ids, params) for _ in children],
+                               final_only=final_only)
         if params.logprobs is not None:
             parent.logprobs = [[] for _ in children]
             parent.cumulative = [0.0 for _ in children]

@@ -103,7 +103,8 @@ class LLM:
         self._profiler.stop()
 
     # -- submission and collection ---------------------------------------------------------
-    def _submit(self, prompts: Any, sampling_params: Any, lora_request: Any = None) -> list[str]:
+    def _submit(self, prompts: Any, sampling_params: Any, lora_request: Any = None,
+                final_only: bool = True) -> list[str]:
         if lora_request is not None:
             raise ValueError("lora_request: LoRA adapters are not supported")
         plist = _as_prompt_list(prompts)
@@ -120,7 +121,7 @@ class LLM:
         with self._lock:
             try:
                 for prompt, p in zip(plist, params):
-                    ids.append(self.engine.add_request(prompt, p))
+                    ids.append(self.engine.add_request(prompt, p, final_only=final_only))
                     self._mailboxes[ids[-1]] = deque()
             except BaseException:
                 self._abort_all(ids)  # all-or-nothing: a bad prompt in the batch leaves no request behind
@@ -215,7 +216,7 @@ class LLM:
         plist = sampling_params if isinstance(sampling_params, Sequence) else [sampling_params]
         if any(isinstance(p, SamplingParams) and p.output_kind is RequestOutputKind.DELTA for p in plist):
             raise ValueError("stream() yields cumulative outputs: output_kind=DELTA is not supported")
-        ids = self._submit(prompts, sampling_params)
+        ids = self._submit(prompts, sampling_params, final_only=False)
         pending = set(ids)
         try:
             while pending:

@@ -47,8 +47,9 @@ class LLMEngine:
         params = params if params is not None else self.get_default_sampling_params()
         if isinstance(params, SamplingParams) and params.output_kind is RequestOutputKind.DELTA:
             raise ValueError("output_kind=DELTA is not supported: outputs are cumulative (or FINAL_ONLY)")
-        rid = self.engine.add_request(prompt, params, request_id)
-        if params.output_kind is RequestOutputKind.FINAL_ONLY:
+        final_only = params.output_kind is RequestOutputKind.FINAL_ONLY
+        rid = self.engine.add_request(prompt, params, request_id, final_only=final_only)
+        if final_only:
             self._final_only.add(rid)
         else:  # a mark left by an earlier request of this id that ended elsewhere (LLM.abort, an LLM step)
             self._final_only.discard(rid)

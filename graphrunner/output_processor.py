@@ -28,6 +28,7 @@ class ParentRequest:
     logprobs: list[list[dict[int, Logprob]] | None] = field(default_factory=list)
     cumulative: list[float] = field(default_factory=list)
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None
+    final_only: bool = False  # report only the final output (building one per step is O(length) each time)
 
     def output(self) -> RequestOutput:
         outs = []
@@ -101,6 +102,8 @@ class OutputProcessor:
                         break
         results_out = []
         for rid, parent in touched.items():
+            if parent.final_only and not all(c.finished for c in parent.children):
+                continue
             out = parent.output()
             if out.finished:
                 del parents[rid]

@@ -31,7 +31,7 @@ class FakeEngine:
         self.aborted: list[str] = []
         self.shut_down = False
 
-    def add_request(self, prompt: Any, params: SamplingParams, request_id: str) -> str:
+    def add_request(self, prompt: Any, params: SamplingParams, request_id: str, final_only: bool = False) -> str:
         if prompt == "bad":
             raise ValueError("bad prompt")
         self.requests[request_id] = [params, []]

@@ -126,6 +126,24 @@ def test_streaming_yields_growing_outputs(llm: LLM) -> None:
     assert lengths == [1, 2, 3, 4, 5, 6]
 
 
+def test_final_only_requests_are_reported_once_with_the_same_result(llm: LLM) -> None:
+    """A final-only request (how LLM.generate submits) is reported only when it finishes, with the output a
+    cumulative request of the same seed and prompt ends with; a cumulative one beside it is reported every step
+    with the text stop strings act on."""
+    engine = llm.engine
+    params = SamplingParams(temperature=0.8, seed=3, max_tokens=9, ignore_eos=True, stop=["zzz-never"])
+    engine.add_request({"prompt_token_ids": [5, 6, 7, 8]}, params, request_id="final", final_only=True)
+    engine.add_request({"prompt_token_ids": [5, 6, 7, 8]}, params, request_id="every")
+    seen: dict[str, list] = {"final": [], "every": []}
+    while engine.has_unfinished():
+        for out in engine.step():
+            seen[out.request_id].append(out)
+    assert len(seen["final"]) == 1 and seen["final"][0].finished
+    assert len(seen["every"]) >= 9 and seen["every"][-1].finished
+    a, b = seen["final"][0].outputs[0], seen["every"][-1].outputs[0]
+    assert a.token_ids == b.token_ids and len(a.token_ids) == 9 and a.text == b.text and a.text
+
+
 def test_abort_mid_run_frees_resources(llm: LLM) -> None:
     engine = llm.engine
     free_before = engine.scheduler.pool.num_free

@@ -1,0 +1,90 @@
+"""The host side of a step, alone: the engine's scheduling, output processing and detokenization at T1's shape,
+with the runner replaced by one that returns random tokens at once (no model, no device).
+
+What it prints is the host's cost per step, the figure that must stay below the device's ~8-11 ms per T1 step
+on the H200 (BENCHMARKS.md) for a run to stay device-bound; it runs the same on a laptop's CPU, so host-path
+changes can be measured without a GPU. Example (a bench model with a tokenizer, any size):
+    python tools/make_bench_model.py --out /tmp/tinyb --layers 1 --hidden 64 --intermediate 128 --heads 4 \\
+        --kv-heads 2 --head-dim 16 --tokenizer
+    python tools/bench_host_path.py --model /tmp/tinyb --profile
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import pstats
+import time
+from typing import Any
+
+import torch
+from bench_common import random_prompts
+
+from graphrunner import LLM, SamplingParams
+from graphrunner.async_output import AsyncStepOutput, StepOutput
+
+
+def fake_execute(vocab: int, seed: int = 0) -> Any:
+    gen = torch.Generator().manual_seed(seed)
+
+    def execute(sched: Any) -> AsyncStepOutput:
+        b = len(sched.scheduled)
+        sampled = torch.randint(0, vocab, (b,), dtype=torch.int32, generator=gen)  # [B] int32
+        return AsyncStepOutput(StepOutput(sampled, torch.zeros(b, dtype=torch.bool)), None)
+
+    return execute
+
+
+def run(llm: LLM, prompts: list[list[int]], output_len: int, detokenize: bool) -> dict[str, float]:
+    params = SamplingParams(temperature=0.6, max_tokens=output_len, ignore_eos=True, detokenize=detokenize)
+    engine = llm.engine
+    steps = 0
+    original = engine.step
+
+    def counted() -> Any:
+        nonlocal steps
+        steps += 1
+        return original()
+
+    engine.step = counted
+    t0 = time.perf_counter()
+    llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    wall = time.perf_counter() - t0
+    engine.step = original
+    return {"detokenize": detokenize, "steps": steps, "wall_s": wall, "host_ms_per_step": wall / steps * 1e3,
+            "us_per_token": wall / (len(prompts) * output_len) * 1e6}
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True, help="an HF-format dir with a tokenizer (the weights are never run)")
+    p.add_argument("--num-requests", type=int, default=256)
+    p.add_argument("--output-len", type=int, default=512)
+    p.add_argument("--profile", action="store_true", help="cProfile one detokenizing run (top 30 by own time)")
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+    prompts = random_prompts(args.num_requests, 100, 1024, seed=0)
+    llm = LLM(model=args.model, device="cpu", max_num_seqs=args.num_requests, max_model_len=1024 + args.output_len,
+              max_num_batched_tokens=8192, enable_prefix_caching=False, enforce_eager=True)
+    llm.engine.runner.execute = fake_execute(llm.engine.config.model.vocab_size)
+    results = []
+    for detok in (False, True):
+        run(llm, prompts[:8], 4, detok)  # warm-up
+        r = run(llm, prompts, args.output_len, detok)
+        results.append(r)
+        print(f"detokenize={detok}: {r['steps']} steps, host {r['host_ms_per_step']:.2f} ms/step "
+              f"({r['us_per_token']:.1f} µs per output token)", flush=True)
+    if args.profile:
+        prof = cProfile.Profile()
+        prof.enable()
+        run(llm, prompts, args.output_len, True)
+        prof.disable()
+        pstats.Stats(prof).sort_stats("tottime").print_stats(30)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
