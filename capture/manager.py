@@ -57,9 +57,10 @@ class CaptureManager:
         self.mixed_steps = 0  # FULL steps that used a mixed graph
 
     # -- dispatch ----------------------------------------------------------------------------
-    def _long_splits(self, num_reqs: int, max_query_len: int = 1) -> int:
+    def _long_splits(self, num_reqs: int, max_query_len: int = 1, max_seq_len: int | None = None) -> int:
+        """KV splits the attention grid of this shape gets at max_seq_len (default: the longest context)."""
         tiles = num_reqs * query_tiles(max_query_len, self.model_state.config.num_heads // self.num_kv_heads)
-        return choose_num_splits(tiles, self.num_kv_heads, self.max_model_len)
+        return choose_num_splits(tiles, self.num_kv_heads, self.max_model_len if max_seq_len is None else max_seq_len)
 
     def full_keys(self) -> list[FullKey]:
         """(batch size, tokens, KV splits, mixed) of every FULL graph, largest first (smaller graphs reuse
@@ -84,7 +85,7 @@ class CaptureManager:
         q = self.model_state.uniform_query_len if query_len is None else query_len
         if full_ok and q in self.model_state.full_query_lens and self.full_sizes and num_reqs <= self.full_sizes[-1]:
             p = self.full_sizes[bisect.bisect_left(self.full_sizes, num_reqs)]
-            want = choose_num_splits(p, self.num_kv_heads, max_seq_len)
+            want = self._long_splits(p, q, max_seq_len)  # the same tiles as the captured graphs count
             return StepPlan(StepMode.FULL, p, p * q, self._long_splits(p, q) if want > 1 else 1)
         if mixed_ok and num_tokens > 0:
             fits = [(t, p) for p, t in self.mixed_sizes if p >= num_reqs and t >= num_tokens]

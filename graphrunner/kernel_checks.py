@@ -1,9 +1,12 @@
-"""Argument checks shared by the public launchers of the Triton kernels (shape, dtype, device).
+"""Argument checks shared by the public launchers of the Triton kernels (shape, dtype, device), and the
+device facts their launch shapes depend on.
 
 They look only at tensor metadata, never at values, so they cost no host synchronisation.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 
@@ -18,3 +21,12 @@ def check_tensor(t: torch.Tensor, name: str, dtype: torch.dtype | tuple[torch.dt
         raise ValueError(f"{name} must be {ndim}-D, got shape {tuple(t.shape)}")
     if device is not None and t.device != device:
         raise ValueError(f"{name} is on {t.device}, expected {device}")
+
+
+@functools.cache
+def num_sms(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device; 4 elsewhere (the interpreter: a few programs per row, so
+    tests cover the multi-program reductions)."""
+    if device.type != "cuda":
+        return 4
+    return torch.cuda.get_device_properties(device).multi_processor_count

@@ -20,6 +20,7 @@ import triton.language as tl
 from torch import Tensor
 
 from graphrunner.kernel_checks import check_tensor
+from graphrunner.kernel_checks import num_sms as _num_sms
 
 MAX_M = 8  # token counts above this go to cuBLAS
 _DTYPES = (torch.bfloat16, torch.float16)
@@ -77,10 +78,6 @@ def pick_config(m: int, n: int, k: int, device: torch.device,
             return table[(mm, n, k)]
     return default_config(m, n, k, device)
 
-
-@functools.cache
-def _num_sms(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
 
 
 def default_config(m: int, n: int, k: int, device: torch.device) -> GemvConfig:

@@ -68,9 +68,8 @@ def _vocab_rows(tensor: torch.Tensor, start: int, rows: int) -> torch.Tensor:
     return torch.cat([part, part.new_zeros((rows - part.shape[0], *tensor.shape[1:]))])
 
 
-class VocabParallelEmbedding(nn.Module):
-    """Embedding whose rows (token ids) are split over the ranks; each rank looks up its ids, zeroes the others,
-    and an all-reduce sums the (one non-zero) contributions."""
+class _VocabRows(nn.Module):
+    """A [V, H] weight whose vocabulary rows are split over the ranks (this rank's ceil(V / world) rows)."""
 
     def __init__(self, vocab_size: int, hidden_size: int) -> None:
         super().__init__()
@@ -81,6 +80,11 @@ class VocabParallelEmbedding(nn.Module):
 
     def tp_shard_of(self, param: str, shard: int, tensor: torch.Tensor) -> torch.Tensor:
         return _vocab_rows(tensor, self.vocab_start, self.weight.shape[0])
+
+
+class VocabParallelEmbedding(_VocabRows):
+    """Embedding whose rows (token ids) are split over the ranks; each rank looks up its ids, zeroes the others,
+    and an all-reduce sums the (one non-zero) contributions."""
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         """input_ids [T] int64 -> [T, H]."""
@@ -95,18 +99,8 @@ class VocabParallelEmbedding(nn.Module):
         return f"vocab={self.vocab_size}, rows={self.weight.shape[0]} from {self.vocab_start}, hidden={self.weight.shape[1]}"
 
 
-class ParallelLMHead(nn.Module):
+class ParallelLMHead(_VocabRows):
     """The LM head's vocabulary rows split like VocabParallelEmbedding (whose weight it may share)."""
-
-    def __init__(self, vocab_size: int, hidden_size: int) -> None:
-        super().__init__()
-        self.world = tp_size()
-        self.vocab_size = vocab_size
-        self.vocab_start, rows = vocab_range(vocab_size)
-        self.weight = nn.Parameter(torch.empty(rows, hidden_size))  # [ceil(V / world), H]
-
-    def tp_shard_of(self, param: str, shard: int, tensor: torch.Tensor) -> torch.Tensor:
-        return _vocab_rows(tensor, self.vocab_start, self.weight.shape[0])
 
 
 def parallel_logits(hidden: torch.Tensor, weight: torch.Tensor, vocab_size: int) -> torch.Tensor:

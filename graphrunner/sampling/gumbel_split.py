@@ -6,7 +6,6 @@ the raw logits' non-finite check rides along. GRAPHRUNNER_SPLIT_SAMPLE picks the
 
 from __future__ import annotations
 
-import functools
 import os
 
 import torch
@@ -14,6 +13,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from graphrunner.kernel_checks import num_sms as _num_sms
 from graphrunner.sampling.gumbel import _check_sample, _gumbel, _row_keys, sample_ref, sample_rowwise_triton
 
 # Read once at import, for A/B runs: GRAPHRUNNER_SPLIT_SAMPLE=0 row-per-program kernel, 1 (default) split with the
@@ -128,12 +128,6 @@ def _counter_buffer(device: torch.device) -> Tensor | None:
         buf = _counters[device] = torch.zeros(_MAX_ROWS, dtype=torch.int32, device=device)
     return buf
 
-
-@functools.cache
-def _num_sms(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 4  # the interpreter: a few chunks per row, so tests cover the reduction
-    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def split_plan(num_reqs: int, vocab_size: int, device: torch.device) -> tuple[int, int]:

@@ -16,25 +16,16 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from graphrunner.kernel_checks import check_tensor as _check
+from graphrunner.kernel_checks import num_sms as _num_sms
 from graphrunner.parallel_state import tp_all_gather, tp_size
-from graphrunner.sampling.gumbel import _gumbel, _row_keys, gumbel_noise_ref
+from graphrunner.sampling.gumbel import _check_sample, _gumbel, _row_keys, gumbel_noise_ref
 
 
 def _check_shard(logits: Tensor, vocab_start: int, vocab_size: int, idx_mapping: Tensor, temperature: Tensor,
                  seeds: Tensor, num_tokens: Tensor) -> None:
-    _check(logits, "logits", (torch.float32, torch.bfloat16, torch.float16), 2, logits.device)
-    dev = logits.device
-    _check(idx_mapping, "idx_mapping", torch.int32, 1, dev)
-    _check(temperature, "temperature", torch.float32, 1, dev)
-    _check(seeds, "seeds", torch.int64, 1, dev)
-    _check(num_tokens, "num_tokens", torch.int32, 1, dev)
-    if idx_mapping.shape[0] != logits.shape[0]:
-        raise ValueError(f"idx_mapping has {idx_mapping.shape[0]} entries, logits has {logits.shape[0]} rows")
+    _check_sample(logits, idx_mapping, temperature, seeds, num_tokens)
     if not 0 <= vocab_start < vocab_size:
         raise ValueError(f"vocab_start {vocab_start} is not inside the vocabulary [0, {vocab_size})")
-    if seeds.shape[0] != temperature.shape[0] or num_tokens.shape[0] != temperature.shape[0]:
-        raise ValueError("per-row tables temperature, seeds and num_tokens differ in length")
 
 
 def shard_sample_ref(
@@ -110,9 +101,6 @@ def _shard_sample_kernel(
     tl.store(part_val_ptr + out, best_val)
     tl.store(part_idx_ptr + out, best_idx + vocab_start)
 
-
-def _num_sms(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
 
 
 def shard_sample_triton(logits: Tensor, vocab_start: int, vocab_size: int, idx_mapping: Tensor, temperature: Tensor,
