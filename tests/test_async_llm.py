@@ -30,6 +30,7 @@ class FakeEngine:
         self.steps = 0
         self.aborted: list[str] = []
         self.shut_down = False
+        self.step_delay = 0.0  # seconds per step: a test racing the loop sets it so its request cannot finish first
 
     def add_request(self, prompt: Any, params: SamplingParams, request_id: str, final_only: bool = False) -> str:
         if prompt == "bad":
@@ -51,6 +52,8 @@ class FakeEngine:
 
     def step(self) -> list[RequestOutput]:
         self.steps += 1
+        if self.step_delay:
+            threading.Event().wait(self.step_delay)
         self.scheduler.waiting.clear()
         if self.fail_next is not None:
             exc, self.fail_next = self.fail_next, None
@@ -125,6 +128,9 @@ def test_bad_input_queue_full_and_abort_on_close() -> None:
             asyncio.run(_all(llm, "bad"))
         with pytest.raises(QueueFull):  # n=2 sequences would wait: more than the bound
             asyncio.run(anext(llm.generate("p", SamplingParams(n=2))))
+
+        # r1 would take 1,000 steps: the fake engine's loop, unpaced, could finish it before aclose() lands
+        engine.step_delay = 0.002
 
         async def first_then_close() -> None:
             gen = llm.generate("p", SamplingParams(max_tokens=1000), "r1")
