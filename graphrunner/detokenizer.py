@@ -312,3 +312,40 @@ class IncrementalDetokenizer:
         delta = self.output_text[self._sent : limit]
         self._sent = limit
         return delta
+
+
+class DeferredDetokenizer:
+    """For a request reported only once it finishes and with no stop strings: nobody reads its text per step, so
+    its tokens are decoded once, at the end, by an IncrementalDetokenizer fed them all at once and finished: by
+    that class's guarantee the text of `tokenizer.decode(generated)` (with the prompt's left context), which is
+    what one fed a token at a time gives once finished (a test checks it)."""
+
+    max_stop_len = 0  # no stop strings: nothing is held back
+
+    def __init__(self, tokenizer: Any, prompt_token_ids: list[int], skip_special_tokens: bool = True,
+                 spaces_between_special_tokens: bool = True) -> None:
+        self.tokenizer = tokenizer
+        self._context = list(prompt_token_ids[-INITIAL_CONTEXT_TOKENS:])
+        self._skip, self._spaces = skip_special_tokens, spaces_between_special_tokens
+        self.token_ids: list[int] = []
+        self.finished = False
+        self._text = ""
+
+    def update(self, new_token_ids: list[int]) -> None:
+        """Appends generated tokens; never matches a stop string (there are none)."""
+        self.token_ids.extend(new_token_ids)
+
+    def finish(self) -> None:
+        """Decode the tokens (once); output_text is the text from now on."""
+        if self.finished:
+            return
+        det = IncrementalDetokenizer(self.tokenizer, self._context, skip_special_tokens=self._skip,
+                                     spaces_between_special_tokens=self._spaces)
+        det.update(self.token_ids)
+        det.finish()
+        self._text, self.finished = det.output_text, True
+
+    @property
+    def output_text(self) -> str:
+        """The text once finished ("" before: a final-only request is not read earlier)."""
+        return self._text

@@ -15,7 +15,7 @@ from typing import Any
 
 from graphrunner.async_output import AsyncStepOutput
 from graphrunner.config import EngineConfig
-from graphrunner.detokenizer import IncrementalDetokenizer
+from graphrunner.detokenizer import DeferredDetokenizer, IncrementalDetokenizer
 from graphrunner.intake import cache_salt, prompt_token_ids, validate_request
 from graphrunner.kv_cache import BlockPool
 from graphrunner.metrics import EngineStats
@@ -99,7 +99,8 @@ class Engine:
                     for i in range(params.n)]
         for child in children:  # checks the cache can ever hold it: raises before anything is queued
             self.scheduler.check_fits(child)
-        parent = ParentRequest(request_id, text, ids, children, [self._detokenizer(ids, params) for _ in children],
+        parent = ParentRequest(request_id, text, ids, children,
+                               [self._detokenizer(ids, params, final_only) for _ in children],
                                final_only=final_only, delta=delta)
         if params.logprobs is not None:
             parent.logprobs = [[] for _ in children]
@@ -119,9 +120,13 @@ class Engine:
         self._counter += 1
         return str(self._counter - 1)
 
-    def _detokenizer(self, ids: list[int], params: SamplingParams) -> IncrementalDetokenizer | None:
+    def _detokenizer(self, ids: list[int], params: SamplingParams,
+                     final_only: bool) -> IncrementalDetokenizer | DeferredDetokenizer | None:
         if self.tokenizer is None or not params.detokenize:
             return None
+        if final_only and not params.stop:  # no text is read before the end: decode once, then
+            return DeferredDetokenizer(self.tokenizer, ids, skip_special_tokens=params.skip_special_tokens,
+                                       spaces_between_special_tokens=params.spaces_between_special_tokens)
         return IncrementalDetokenizer(self.tokenizer, ids, skip_special_tokens=params.skip_special_tokens,
                                       spaces_between_special_tokens=params.spaces_between_special_tokens,
                                       stop=list(params.stop or []),

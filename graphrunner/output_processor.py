@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from graphrunner.async_output import StepOutput
-from graphrunner.detokenizer import IncrementalDetokenizer
+from graphrunner.detokenizer import DeferredDetokenizer, IncrementalDetokenizer
 from graphrunner.outputs import CompletionOutput, Logprob, RequestOutput
 from graphrunner.request import Request
 from graphrunner.sampling.logprobs import LogprobsTensors
@@ -24,13 +24,20 @@ class ParentRequest:
     prompt: str | None
     prompt_token_ids: list[int]
     children: list[Request]
-    detoks: list[IncrementalDetokenizer | None]
+    detoks: list[IncrementalDetokenizer | DeferredDetokenizer | None]
     logprobs: list[list[dict[int, Logprob]] | None] = field(default_factory=list)
     cumulative: list[float] = field(default_factory=list)
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None
     final_only: bool = False  # report only the final output (building one per step is O(length) each time)
     delta: bool = False  # report only what is new (see delta_output)
     _sent: list[tuple[int, int]] = field(default_factory=list)  # per child: (tokens, text characters) reported
+
+    def finish_text(self) -> None:
+        """A finished completion's text is final: flush what its detokenizer held back (an incomplete character
+        at the very end, a possible stop-string prefix), so it equals tokenizer.decode of its tokens."""
+        for child, detok in zip(self.children, self.detoks):
+            if detok is not None and child.finished and not detok.finished:
+                detok.finish()
 
     def report(self) -> RequestOutput | None:
         return self.delta_output() if self.delta else self.output()
@@ -41,6 +48,7 @@ class ParentRequest:
         engine-core process pickles every report; prompt logprobs are complete once a token was sampled). Text
         that may still become part of a stop string is held back until its completion finishes, so text once
         reported is never taken back."""
+        self.finish_text()
         done = all(c.finished for c in self.children)
         first = not self._sent
         if first:
@@ -69,6 +77,7 @@ class ParentRequest:
                              outs, done, self.prompt_logprobs if first else None, num_cached_tokens=cached)
 
     def output(self) -> RequestOutput:
+        self.finish_text()
         outs = []
         for i, (child, detok) in enumerate(zip(self.children, self.detoks)):
             text = detok.output_text if detok is not None else ""
@@ -125,19 +134,27 @@ class OutputProcessor:
             if req.finish_reason == "error" or num_new == 0:
                 continue
             run = req.output_token_ids[len(req.output_token_ids) - num_new:]
+            detok = parent.detoks[req.index]
+            if isinstance(detok, DeferredDetokenizer):  # no stop strings to look for: nothing to do per token
+                detok.update(run)
+                detok = None
+            want_logprobs = lp is not None and req.params.logprobs is not None
+            if detok is None and not want_logprobs:
+                continue
             for i, token in enumerate(run):
-                if lp is not None and req.params.logprobs is not None:
+                if want_logprobs:
                     row = first_row[b] + i if first_row is not None else b
-                    entry = lp.entry(row, token, req.params.logprobs, self._decode)
+                    entry = lp.entry(row, token, req.params.logprobs, self._decode)  # type: ignore[union-attr]
                     parent.logprobs[req.index].append(entry)  # type: ignore[union-attr]
                     parent.cumulative[req.index] += entry[token].logprob
-                detok = parent.detoks[req.index]
                 if detok is not None:
                     stop = detok.update([token])
                     if stop is not None:
                         del req.output_token_ids[len(req.output_token_ids) - (len(run) - 1 - i):]
                         finish(req, "stop", stop)
                         break
+        for parent in touched.values():  # what can fail (decoding) before any parent is reported and forgotten
+            parent.finish_text()
         results_out = []
         for rid, parent in touched.items():
             if parent.final_only and not all(c.finished for c in parent.children):

@@ -18,7 +18,7 @@ from tiny_models import tiny_tokenizer
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from graphrunner.detokenizer import INITIAL_CONTEXT_TOKENS, IncrementalDetokenizer, tokenizer_info
+from graphrunner.detokenizer import INITIAL_CONTEXT_TOKENS, DeferredDetokenizer, IncrementalDetokenizer, tokenizer_info
 from graphrunner.tokenizer import load_tokenizer
 
 FFFD = "\ufffd"
@@ -282,3 +282,23 @@ def test_long_byte_runs_stay_exact(name: str) -> None:
     assert run > 16, "the test needs a long run of byte tokens"
     for cut in (len(ids), len(ids) - 3, 20, 17, 31):  # whole text, just before " ok", and mid-character cuts
         check_every_prefix(tok, [], ids[:cut], skip=True)
+
+
+@pytest.mark.parametrize("skip", [True, False])
+def test_deferred_equals_token_by_token_once_finished(tok: Any, skip: bool) -> None:
+    """A final-only request's DeferredDetokenizer (all tokens at once, at the end) gives exactly the finished text
+    of the incremental detokenizer fed one token at a time, cut at awkward lengths (inside byte runs and
+    multi-byte characters), with spaces_between_special_tokens on and off."""
+    for n, (prompt, gen) in enumerate(_sequences(tok, seed=11 + int(skip), n=30)):
+        spaces = n % 2 == 0
+        for end in sorted({1, len(gen) // 3, len(gen) - 1, len(gen)} - {0}):
+            step = IncrementalDetokenizer(tok, prompt, skip_special_tokens=skip, spaces_between_special_tokens=spaces)
+            deferred = DeferredDetokenizer(tok, prompt, skip_special_tokens=skip,
+                                           spaces_between_special_tokens=spaces)
+            for t in gen[:end]:
+                step.update([t])
+                deferred.update([t])
+            assert deferred.output_text == ""  # not read before the end
+            step.finish()
+            deferred.finish()
+            assert deferred.output_text == step.output_text, (prompt, gen[:end])

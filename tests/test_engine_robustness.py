@@ -30,7 +30,7 @@ from robustness_support import (  # noqa: F401 (fixtures are found by name)
 
 import graphrunner.runner
 from graphrunner import LLM
-from graphrunner.detokenizer import IncrementalDetokenizer
+from graphrunner.detokenizer import DeferredDetokenizer
 from graphrunner.engine import StepFailed
 from graphrunner.outputs import RequestOutput
 from graphrunner.sampling_params import RequestOutputKind
@@ -47,7 +47,8 @@ STAGES: dict[str, Callable[[LLM], tuple[Any, str]]] = {
     "outputs.launch": lambda llm: (llm.engine.runner.outputs, "launch"),
     "scheduler.update": lambda llm: (llm.engine.scheduler, "update"),
     "output_processor.process": lambda llm: (llm.engine._outputs, "process"),
-    "detokenizer.update": lambda llm: (IncrementalDetokenizer, "update"),
+    # LLM.generate's requests (final-only, no stop strings) keep their tokens per step and decode once at the end
+    "detokenizer.update": lambda llm: (DeferredDetokenizer, "update"),
 }
 
 
