@@ -72,8 +72,10 @@ class Scheduler:
                  spec: SpeculativeConfig | None = None) -> None:
         self.config = config
         self.spec = spec
-        # a draft model writes its KV k positions past a row's last token after each step: blocks are kept ahead
-        self.lookahead = spec.num_speculative_tokens if spec is not None and spec.method == "draft_model" else 0
+        # a draft model (an EAGLE head) writes its KV up to k positions past a row's last token after each step:
+        # blocks are kept ahead
+        self.lookahead = (spec.num_speculative_tokens if spec is not None and spec.method in ("draft_model", "eagle")
+                          else 0)
         self.pool = pool
         self.block_size = block_size
         self.rows = RowFreeList(config.max_num_seqs)

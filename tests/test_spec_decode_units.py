@@ -31,9 +31,10 @@ def test_config_from_vllm_dict() -> None:
 
 @pytest.mark.parametrize("raw, words", [
     ({"num_speculative_tokens": 3}, "method"),
-    ({"method": "eagle", "num_speculative_tokens": 3}, "not supported"),
-    ({"method": "draft_model", "num_speculative_tokens": 3}, "needed by method 'draft_model'"),
-    ({"method": "ngram", "num_speculative_tokens": 3, "model": "/x"}, "only by it"),
+    ({"method": "medusa", "num_speculative_tokens": 3}, "not supported"),
+    ({"method": "eagle", "num_speculative_tokens": 3}, "method 'eagle' needs it"),
+    ({"method": "draft_model", "num_speculative_tokens": 3}, "method 'draft_model' needs it"),
+    ({"method": "ngram", "num_speculative_tokens": 3, "model": "/x"}, "method 'ngram' takes none"),
     ({"method": "ngram"}, "num_speculative_tokens"),
     ({"method": "ngram", "num_speculative_tokens": 0}, "positive"),
     ({"method": "ngram", "num_speculative_tokens": 99}, "<="),
