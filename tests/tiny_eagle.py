@@ -40,8 +40,8 @@ def make_eagle_head(tmp_dir: Path, target_dir: Path, seed: int = 0, *, fc_bias: 
 
     config = AutoConfig.from_pretrained(target_dir)
     config.num_hidden_layers = 1
-    if hasattr(config, "layer_types"):
-        config.layer_types = None
+    if getattr(config, "layer_types", None) is not None:
+        config.layer_types = config.layer_types[:1]
     if hidden_size is not None:
         config.hidden_size = hidden_size
     torch.manual_seed(1000 + seed)
