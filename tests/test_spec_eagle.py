@@ -283,3 +283,40 @@ def test_bad_heads_are_refused(llama: tuple[Path, Path, list], tmp_path: Path) -
         LLM(model=target, speculative_config=_spec(odd, 2))
     with pytest.raises(ValueError, match="method 'eagle' needs it"):
         LLM(model=target, speculative_config={"method": "eagle", "num_speculative_tokens": 2})
+
+
+# -- GPU: FULL verify graphs record the head -----------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_gpu_eagle_graphs_on_equal_eager(tmp_path: Path, k: int) -> None:
+    """CUDA graphs on (FULL verify graphs hold the head's observation and k drafts) give the greedy tokens of the
+    eager engine without speculation; the exact head keeps (almost) every draft; the step loop never syncs."""
+    from graphrunner.step_plan import StepMode
+
+    kwargs: dict[str, Any] = {"dtype": "float32", "max_model_len": 256, "device": "cuda", "max_num_seqs": 16}
+    target = make_tiny_model(tmp_path, "Qwen3ForCausalLM")
+    head = make_eagle_head(tmp_path, target, architecture="EagleQwen3ForCausalLM")
+    expected = _tokens(LLM(model=target, enforce_eager=True, **kwargs))
+    llm = LLM(model=target, speculative_config=_spec(head, k), **kwargs)
+    assert llm.engine.runner.graphs is not None
+    assert _tokens(llm) == expected
+    assert llm.engine.runner.graphs.mode_counts[StepMode.FULL] > 0
+    assert llm.engine.stats.spec_decode_counts[0] > 0
+
+    exact_target, exact_head = make_attention_free_pair(tmp_path / "exact")
+    expected = _tokens(LLM(model=exact_target, enforce_eager=True, **kwargs))
+    llm = LLM(model=exact_target, speculative_config=_spec(exact_head, k), **kwargs)
+    launch = llm.engine.runner.execute
+
+    def checked(sched: Any) -> Any:
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            return launch(sched)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+
+    llm.engine.runner.execute = checked  # type: ignore[method-assign]
+    assert _tokens(llm) == expected
+    assert llm.engine.runner.graphs.mode_counts[StepMode.FULL] > 0
+    _, draft_tokens, accepted = llm.engine.stats.spec_decode_counts
+    assert draft_tokens > 0 and accepted > 0.95 * draft_tokens
