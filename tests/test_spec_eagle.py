@@ -320,3 +320,23 @@ def test_gpu_eagle_graphs_on_equal_eager(tmp_path: Path, k: int) -> None:
     assert llm.engine.runner.graphs.mode_counts[StepMode.FULL] > 0
     _, draft_tokens, accepted = llm.engine.stats.spec_decode_counts
     assert draft_tokens > 0 and accepted > 0.95 * draft_tokens
+
+
+# -- tools/train_demo_model.py train-eagle ---------------------------------------------------------------------------
+def test_train_eagle_tool_writes_a_head_the_engine_loads(qwen3: tuple[Path, Path, list], tmp_path: Path) -> None:
+    """A few CPU steps of the tool's EAGLE training lower its loss; the head it saves (vLLM's layout) loads through
+    the real loader and drafts, and greedy outputs stay equal."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "tools" / "train_demo_model.py"
+    spec = importlib.util.spec_from_file_location("train_demo_model", path)
+    assert spec is not None and spec.loader is not None
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    target, _, ref = qwen3
+    ids = torch.randint(1, 400, (4000,), generator=torch.Generator().manual_seed(0))
+    losses = tool.train_eagle(target, ids, tmp_path / "head", 16, 4, 32, 3e-3, 0)
+    assert sum(losses[-4:]) / 4 < losses[0]
+    llm = LLM(model=target, num_gpu_blocks_override=256, speculative_config=_spec(tmp_path / "head", 3))
+    assert _tokens(llm) == ref
+    assert llm.engine.stats.spec_decode_counts[1] > 0
