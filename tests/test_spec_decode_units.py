@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -27,6 +28,8 @@ def test_config_from_vllm_dict() -> None:
     c = SpeculativeConfig.from_dict({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 2,
                                      "disable_by_batch_size": 8})
     assert (c.prompt_lookup_min, c.prompt_lookup_max, c.disable_by_batch_size) == (2, 2, 8)
+    c = SpeculativeConfig.from_dict({"method": "eagle", "model": Path("/heads/x"), "num_speculative_tokens": 4})
+    assert (c.method, c.model, c.num_speculative_tokens) == ("eagle", "/heads/x", 4)
 
 
 @pytest.mark.parametrize("raw, words", [
