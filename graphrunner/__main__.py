@@ -4,4 +4,5 @@ import sys
 
 from graphrunner.cli import main
 
-sys.exit(main())
+if __name__ == "__main__":  # a spawn'd child (engine-core process, tensor-parallel worker) imports this module too
+    sys.exit(main())

@@ -1,8 +1,7 @@
-"""AsyncLLM: an asyncio front over one Engine, stepped by a dedicated engine-loop thread.
-
-Submissions and aborts reach the loop thread through a locked command queue and are applied between steps;
-each request's outputs (cumulative RequestOutputs) come back to its asyncio queue via call_soon_threadsafe.
-The loop thread idles on a Condition when there is nothing to do and never dies silently.
+"""AsyncLLM: an asyncio front over one engine loop, which runs either in a thread of this process
+(`AsyncLLM.from_engine`) or in its own process (`AsyncLLM.from_engine_args(..., engine_process=True)`, what
+`graphrunner serve` uses, so HTTP work never holds the loop's GIL). The loop reports deltas; each request's
+stream merges them and its consumer reads the newest cumulative RequestOutput.
 """
 
 from __future__ import annotations
@@ -11,41 +10,40 @@ import asyncio
 import concurrent.futures
 import logging
 import threading
-import time
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
-from graphrunner.engine import Engine, StepFailed
+from graphrunner.engine import Engine
 from graphrunner.engine_args import EngineArgs
-from graphrunner.llm_engine import LLMEngine
-from graphrunner.outputs import RequestOutput
+from graphrunner.engine_core import AddRequest, EngineCore, EngineDead, LoopStats, QueueFull
+from graphrunner.generation_config import generation_defaults
+from graphrunner.outputs import CompletionOutput, RequestOutput
 from graphrunner.sampling_params import RequestOutputKind, SamplingParams
-from graphrunner.tp_executor import WorkerDied
 
 logger = logging.getLogger(__name__)
 
-
-class QueueFull(RuntimeError):
-    """More requests are waiting than `max_waiting_requests` allows; try again later."""
+__all__ = ["AsyncLLM", "EngineDead", "LoopStats", "QueueFull"]
 
 
-class EngineDead(RuntimeError):
-    """The engine loop thread stopped (shut down, or an unexpected error); no request can run."""
+class CoreClient(Protocol):
+    """Where the engine loop runs: a thread here (_ThreadCore) or a process (engine_core_process.ProcessCore).
+    Both call `deliver(outputs)` and, once, `die(exc)` from a thread of their own."""
+
+    def add(self, command: AddRequest, future: concurrent.futures.Future[str]) -> None: ...
+    def abort(self, request_id: str, future: concurrent.futures.Future[Any] | None) -> None: ...
+    def prometheus_text(self) -> str: ...
+    def set_metrics_label(self, name: str, value: str) -> None: ...
+    def shutdown(self, abort: bool, timeout: float | None) -> None: ...
+    def is_alive(self) -> bool: ...
 
 
 @dataclass
 class _Stream:
     loop: asyncio.AbstractEventLoop
     queue: asyncio.Queue[RequestOutput | BaseException]
-
-    def put(self, item: RequestOutput | BaseException) -> None:
-        try:
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
-        except RuntimeError:  # the caller's event loop is closed: nobody listens any more
-            pass
 
 
 def _put_all(items: list[tuple[asyncio.Queue[Any], Any]]) -> None:
@@ -54,91 +52,107 @@ def _put_all(items: list[tuple[asyncio.Queue[Any], Any]]) -> None:
 
 
 @dataclass
-class _Add:
-    prompt: Any
-    params: SamplingParams
-    request_id: str
-    stream: _Stream
-    future: concurrent.futures.Future[str]
+class _Completion:
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[Any] | None = None
+    last: CompletionOutput | None = None
 
 
-@dataclass
-class LoopStats:
-    """Where the loop thread's time goes while it has work: inside engine.step(), handing outputs to the
-    streams, and between steps (commands, waiting for the GIL). Lets a benchmark show that HTTP work does not
-    stall the loop: compare step time per step here with an offline run of the same load."""
+class _Merged:
+    """One request's deltas merged; `output()` is the cumulative RequestOutput (lists copied: the consumer owns
+    them), built only when the consumer reads, so a consumer that falls behind builds fewer."""
 
-    steps: int = 0
-    step_s: float = 0.0     # inside engine.step()
-    deliver_s: float = 0.0  # handing outputs to the asyncio streams
-    between_s: float = 0.0  # from one step's end to the next step's start, only when steps run back to back
-    _last_end: float | None = None
+    def __init__(self) -> None:
+        self.head: RequestOutput | None = None
+        self.completions: dict[int, _Completion] = {}
 
-    def note(self, start: float, stepped: float, end: float) -> None:
-        if self._last_end is not None and start - self._last_end < 0.1:  # an idle loop is not a stall
-            self.between_s += start - self._last_end
-        self.steps += 1
-        self.step_s += stepped - start
-        self.deliver_s += end - stepped
-        self._last_end = end
+    def add(self, delta: RequestOutput) -> None:
+        if self.head is None:
+            self.head = delta
+        else:
+            self.head.finished, self.head.metrics = delta.finished, delta.metrics
+            self.head.num_cached_tokens = delta.num_cached_tokens
+        for comp in delta.outputs:
+            acc = self.completions.setdefault(comp.index, _Completion())
+            acc.text += comp.text
+            acc.token_ids.extend(comp.token_ids)
+            if comp.logprobs is not None:
+                if acc.logprobs is None:
+                    acc.logprobs = []
+                acc.logprobs.extend(comp.logprobs)
+            acc.last = comp
 
-    def prometheus_text(self) -> str:
-        return "".join(f"# TYPE graphrunner:engine_loop_{name} counter\ngraphrunner:engine_loop_{name} {value}\n"
-                       for name, value in (("steps_total", self.steps), ("step_seconds_total", self.step_s),
-                                           ("deliver_seconds_total", self.deliver_s),
-                                           ("between_steps_seconds_total", self.between_s)))
+    def output(self) -> RequestOutput:
+        head = self.head
+        assert head is not None
+        outs = [CompletionOutput(i, c.text, list(c.token_ids), c.last.cumulative_logprob if c.last else None,
+                                 list(c.logprobs) if c.logprobs is not None else None,
+                                 c.last.finish_reason if c.last else None, c.last.stop_reason if c.last else None)
+                for i, c in sorted(self.completions.items())]
+        return RequestOutput(head.request_id, head.prompt, head.prompt_token_ids, outs, head.finished,
+                             head.prompt_logprobs, head.metrics, head.num_cached_tokens)
 
 
 class AsyncLLM:
-    """Serve many concurrent `generate()` calls from one engine (see the module docstring)."""
+    """Serve many concurrent `generate()` calls from one engine loop (see the module docstring)."""
 
-    def __init__(self, engine: Engine, max_waiting_requests: int | None = None) -> None:
-        if max_waiting_requests is not None and max_waiting_requests < 0:
-            raise ValueError(f"max_waiting_requests must be >= 0, got {max_waiting_requests}")
-        self.engine = engine
-        self._llm_engine: LLMEngine | None = None  # built on first use (the generation_config defaults)
-        self.max_waiting_requests = max_waiting_requests
-        self._cond = threading.Condition()
-        self._commands: deque[Any] = deque()
-        self._stop: str | None = None  # None | "finish" | "abort"
+    def __init__(self, config: Any, tokenizer: Any, core_factory: Callable[[AsyncLLM], CoreClient]) -> None:
+        self.config = config
+        self._tokenizer = tokenizer
+        self._defaults: dict[str, Any] | None = None  # generation_config.json's, read on first use
+        self._lock = threading.Lock()
+        self._streams: dict[str, _Stream] = {}
         self._dead: BaseException | None = None
-        self._streams: dict[str, _Stream] = {}  # loop-thread only
-        self._engine_lock = threading.Lock()  # held by the loop thread while it touches the engine
-        self.loop_stats = LoopStats()
-        self._thread = threading.Thread(target=self._run, name="graphrunner-engine-loop", daemon=True)
-        self._thread.start()
+        self._stopping = False
+        self._core = core_factory(self)
 
     @classmethod
-    def from_engine_args(cls, engine_args: EngineArgs, max_waiting_requests: int | None = None) -> AsyncLLM:
-        return cls(Engine(engine_args.create_engine_config()), max_waiting_requests)
+    def from_engine(cls, engine: Engine, max_waiting_requests: int | None = None) -> AsyncLLM:
+        """The loop in a thread of this process, over an Engine built here."""
+        return cls(engine.config, engine.tokenizer,
+                   lambda front: _ThreadCore(EngineCore(engine, max_waiting_requests, front.deliver), front.die))
 
-    # -- properties the server needs ---------------------------------------------------------
-    @property
-    def config(self) -> Any:
-        return self.engine.config
+    @classmethod
+    def from_engine_args(cls, engine_args: EngineArgs, max_waiting_requests: int | None = None,
+                         engine_process: bool = False) -> AsyncLLM:
+        """engine_process: run the engine (model, scheduler, detokenization) in its own process; this process
+        keeps only HTTP, the tokenizer for chat templates and /tokenize, and merging outputs."""
+        config = engine_args.create_engine_config()
+        if not engine_process:
+            return cls.from_engine(Engine(config), max_waiting_requests)
+        from graphrunner.engine_core_process import ProcessCore
+        from graphrunner.tokenizer import load_tokenizer
 
-    @property
-    def stats(self) -> Any:
-        return self.engine.stats
+        if max_waiting_requests is not None and max_waiting_requests < 0:
+            raise ValueError(f"max_waiting_requests must be >= 0, got {max_waiting_requests}")
+        tokenizer = None if config.skip_tokenizer_init else load_tokenizer(config.tokenizer_dir)
+        return cls(config, tokenizer,
+                   lambda front: ProcessCore(config, max_waiting_requests, front.deliver, front.die))
 
+    # -- what the server reads -----------------------------------------------------------------
     def get_tokenizer(self) -> Any:
-        return self.engine.tokenizer
+        return self._tokenizer
 
     def get_default_sampling_params(self) -> SamplingParams:
-        if self._llm_engine is None:
-            self._llm_engine = LLMEngine(self.engine)
-        return self._llm_engine.get_default_sampling_params()
+        """SamplingParams carrying the model's generation_config.json defaults (vLLM's generation_config="auto")."""
+        if self._defaults is None:
+            self._defaults = generation_defaults(self.config.generation_config, self.config.model_dir)
+        return SamplingParams.from_optional(**self._defaults) if self._defaults else SamplingParams()
 
     def prometheus_text(self) -> str:
-        """engine.stats.to_prometheus_text(), read between steps (the loop thread mutates the stats)."""
-        with self._engine_lock:
-            return self.engine.stats.to_prometheus_text() + self.loop_stats.prometheus_text()
+        """The engine's metrics and loop counters, read between steps (blocks until the loop answers)."""
+        return self._core.prometheus_text()
+
+    def set_metrics_label(self, name: str, value: str) -> None:
+        """A label on every engine metric (the server's model_name, as vLLM's)."""
+        self._core.set_metrics_label(name, value)
 
     @property
     def is_running(self) -> bool:
-        return self._dead is None and self._stop is None and self._thread.is_alive()
+        return self._dead is None and not self._stopping and self._core.is_alive()
 
-    # -- the public coroutines ---------------------------------------------------------------
+    # -- the public coroutines -----------------------------------------------------------------
     async def generate(self, prompt: Any, sampling_params: SamplingParams | None = None,
                        request_id: str | None = None) -> AsyncIterator[RequestOutput]:
         """Cumulative outputs of one request until its final one. ValueError (bad input), QueueFull (overload)
@@ -148,38 +162,124 @@ class AsyncLLM:
             raise ValueError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
         if params.output_kind is RequestOutputKind.DELTA:
             raise ValueError("output_kind=DELTA is not supported: outputs are cumulative")
+        if request_id is not None and not isinstance(request_id, str):
+            raise ValueError(f"request_id must be a string, got {type(request_id).__name__}")
         rid = request_id if request_id is not None else uuid.uuid4().hex
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
+        with self._lock:
+            if rid in self._streams:
+                raise ValueError(f"request id {rid!r} is already in use")
+            self._check_alive()
+            self._streams[rid] = stream
         future: concurrent.futures.Future[str] = concurrent.futures.Future()
-        self._post(_Add(prompt, params, rid, stream, future))
         finished = False
         try:
-            await asyncio.wrap_future(future)
+            self._core.add(AddRequest(prompt, params, rid), future)
+            try:
+                await asyncio.wrap_future(future)
+            except BaseException as exc:
+                # refused: nothing was queued. Cancelled while waiting: it may yet be queued, so abort it below
+                finished = not isinstance(exc, asyncio.CancelledError)
+                raise
+            merged = _Merged()
             while True:
                 item = await stream.queue.get()
-                # Outputs are cumulative: a consumer that fell behind (a loaded server) needs only the newest,
-                # so its per-output work (SSE chunks, JSON) shrinks exactly when it would stall the engine loop.
-                while not isinstance(item, BaseException) and not item.finished and not stream.queue.empty():
+                while True:  # merge every delta that arrived; the consumer reads only the newest state
+                    if isinstance(item, BaseException):
+                        finished = True
+                        raise item
+                    merged.add(item)
+                    if item.finished or stream.queue.empty():
+                        break
                     item = stream.queue.get_nowait()
-                if isinstance(item, BaseException):
-                    finished = True
-                    raise item
                 finished = item.finished
-                yield item
+                yield merged.output()
                 if finished:
                     return
         finally:
+            with self._lock:
+                if self._streams.get(rid) is stream:
+                    del self._streams[rid]
             if not finished:  # closed early (client gone) or cancelled: abort at the next step boundary
-                self._post(("abort", rid, None))
+                self._core.abort(rid, None)
 
     async def abort(self, request_id: str) -> None:
         """Abort a request (its stream receives the final output, finish_reason "abort"); unknown ids are ignored."""
         future: concurrent.futures.Future[Any] = concurrent.futures.Future()
-        self._post(("abort", request_id, future))
+        self._core.abort(request_id, future)
         await asyncio.wrap_future(future)
 
     def shutdown(self, abort: bool = True, timeout: float | None = 30.0) -> None:
-        """Stop the loop thread: abort in-flight requests (abort=True) or let them finish first."""
+        """Stop the engine loop: abort in-flight requests (abort=True) or let them finish first."""
+        self._stopping = True
+        self._core.shutdown(abort, timeout)
+
+    # -- called by the core's thread -------------------------------------------------------------
+    def deliver(self, outputs: list[RequestOutput]) -> None:
+        """Hand a step's outputs to their streams: one wake-up per event loop, not one per output."""
+        batches: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue[Any], RequestOutput]]] = {}
+        with self._lock:
+            for out in outputs:
+                stream = self._streams.get(out.request_id)
+                if stream is not None:
+                    batches.setdefault(stream.loop, []).append((stream.queue, out))
+        for loop, items in batches.items():
+            try:
+                loop.call_soon_threadsafe(_put_all, items)
+            except RuntimeError:  # the caller's event loop is closed: nobody listens any more
+                pass
+
+    def die(self, exc: BaseException) -> None:
+        """The loop ended: every waiting stream gets the error (EngineDead for a plain shutdown)."""
+        with self._lock:
+            if self._dead is None:
+                self._dead = exc
+            streams, self._streams = list(self._streams.values()), {}
+        error = exc if isinstance(exc, Exception) else EngineDead(str(exc))
+        for stream in streams:
+            try:
+                stream.loop.call_soon_threadsafe(stream.queue.put_nowait, error)
+            except RuntimeError:
+                pass
+
+    def _check_alive(self) -> None:
+        if self._dead is not None or self._stopping:
+            raise EngineDead(f"the engine loop is not running ({self._dead or 'shut down'})")
+
+
+class _ThreadCore:
+    """The engine loop in a daemon thread of this process: commands wait in a locked queue and are applied
+    between steps; the thread idles on a Condition when there is nothing to do and never dies silently."""
+
+    def __init__(self, core: EngineCore, die: Callable[[BaseException], None]) -> None:
+        self.core = core
+        self._die = die
+        self._cond = threading.Condition()
+        self._commands: deque[tuple[Any, ...]] = deque()
+        self._stop: str | None = None  # None | "finish" | "abort"
+        self._dead: BaseException | None = None
+        self._engine_lock = threading.Lock()  # held by the loop thread while it touches the engine
+        self._thread = threading.Thread(target=self._run, name="graphrunner-engine-loop", daemon=True)
+        self._thread.start()
+
+    def add(self, command: AddRequest, future: concurrent.futures.Future[str]) -> None:
+        self._post(("add", command, future))
+
+    def abort(self, request_id: str, future: concurrent.futures.Future[Any] | None) -> None:
+        self._post(("abort", request_id, future))
+
+    def prometheus_text(self) -> str:
+        with self._engine_lock:
+            return self.core.prometheus_text()
+
+    def set_metrics_label(self, name: str, value: str) -> None:
+        with self._engine_lock:
+            self.core.set_metrics_label(name, value)
+
+    def is_alive(self) -> bool:
+        return self._dead is None and self._stop is None and self._thread.is_alive()
+
+    def shutdown(self, abort: bool, timeout: float | None) -> None:
         with self._cond:
             if self._stop is None or abort:
                 self._stop = "abort" if abort else "finish"
@@ -187,24 +287,19 @@ class AsyncLLM:
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout)
 
-    # -- loop thread -------------------------------------------------------------------------
-    def _post(self, command: Any) -> None:
+    def _post(self, command: tuple[Any, ...]) -> None:
         with self._cond:
             dead = self._dead
             if dead is None and self._stop is None:
                 self._commands.append(command)
                 self._cond.notify_all()
                 return
-        error = EngineDead(f"the engine loop is not running ({dead or 'shut down'})")
-        if isinstance(command, _Add):
-            command.future.set_exception(error)
-        elif isinstance(command, tuple) and command[2] is not None:
-            command[2].set_result(None)
+        _refuse(command, EngineDead(f"the engine loop is not running ({dead or 'shut down'})"))
 
-    def _next_commands(self) -> tuple[list[Any], str | None]:
+    def _next_commands(self) -> tuple[list[tuple[Any, ...]], str | None]:
         """Wait (without spinning) until there is a command, work or a stop; take every queued command."""
         with self._cond:
-            while not self._commands and self._stop is None and not self.engine.has_unfinished():
+            while not self._commands and self._stop is None and not self.core.has_work():
                 self._cond.wait()
             commands = list(self._commands)
             self._commands.clear()
@@ -216,92 +311,50 @@ class AsyncLLM:
                 commands, stop = self._next_commands()
                 with self._engine_lock:
                     for command in commands:
-                        self._apply(command)
+                        _apply(self.core, command)
                     if stop == "abort":
-                        self._abort_everything()
-                    if stop is not None and not self.engine.has_unfinished():
+                        self.core.abort_all()
+                    if stop is not None and not self.core.has_work():
                         break
-                    if self.engine.has_unfinished():
-                        self._step()
+                    if self.core.has_work():
+                        self.core.step()
         except BaseException as exc:  # never die silently: every waiting stream gets the error
             logger.exception("the engine loop thread failed")
-            self._die(exc)
-            self.engine.shutdown()
+            self._end(exc)
             return
-        self._die(EngineDead("the engine was shut down"))
-        self.engine.shutdown()  # tensor-parallel workers, if any
+        self._end(EngineDead("the engine was shut down"))
 
-    def _step(self) -> None:
-        t0 = time.perf_counter()
-        try:
-            outputs = self.engine.step()
-        except StepFailed as exc:
-            logger.error("%s", exc)
-            outputs = exc.outputs  # the failed requests' final outputs (finish_reason "error"); the loop goes on
-            if isinstance(exc.__cause__, WorkerDied):  # ... unless a tensor-parallel rank is gone: then it ends
-                self._deliver(outputs)
-                raise exc.__cause__ from exc
-        t1 = time.perf_counter()
-        self._deliver(outputs)
-        self.loop_stats.note(t0, t1, time.perf_counter())
-
-    def _apply(self, command: Any) -> None:
-        if isinstance(command, _Add):
-            if not command.future.set_running_or_notify_cancel():
-                return
-            try:
-                self._check_queue(command.params)
-                rid = self.engine.add_request(command.prompt, command.params, command.request_id,
-                                              final_only=command.params.output_kind is RequestOutputKind.FINAL_ONLY)
-            except Exception as exc:  # noqa: BLE001 -- ValueError, QueueFull, ...: the caller gets it, nothing queued
-                command.future.set_exception(exc)
-                return
-            self._streams[rid] = command.stream
-            command.future.set_result(rid)
-            return
-        _, rid, future = command
-        out = self.engine.abort_request(rid)
-        if out is not None:
-            self._deliver([out])
-        if future is not None:
-            future.set_result(None)
-
-    def _check_queue(self, params: SamplingParams) -> None:
-        bound = self.max_waiting_requests
-        waiting = len(self.engine.scheduler.waiting)
-        if bound is not None and waiting + params.n > bound:
-            raise QueueFull(f"too many requests waiting ({waiting} sequences, max_waiting_requests={bound}); "
-                            "retry later")
-
-    def _deliver(self, outputs: list[RequestOutput]) -> None:
-        """Hand a step's outputs to their streams: one wake-up per event loop, not one per output."""
-        batches: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue[Any], RequestOutput]]] = {}
-        for out in outputs:
-            stream = self._streams.pop(out.request_id, None) if out.finished else self._streams.get(out.request_id)
-            if stream is not None:
-                batches.setdefault(stream.loop, []).append((stream.queue, out))
-        for loop, items in batches.items():
-            try:
-                loop.call_soon_threadsafe(_put_all, items)
-            except RuntimeError:  # the caller's event loop is closed: nobody listens any more
-                pass
-
-    def _abort_everything(self) -> None:
-        for rid in list(self._streams):
-            out = self.engine.abort_request(rid)
-            if out is not None:
-                self._deliver([out])
-
-    def _die(self, exc: BaseException) -> None:
+    def _end(self, exc: BaseException) -> None:
         with self._cond:
             self._dead = exc
             commands = list(self._commands)
             self._commands.clear()
         for command in commands:
-            if isinstance(command, _Add):
-                command.future.set_exception(EngineDead(f"the engine loop is not running ({exc})"))
-            elif command[2] is not None:
-                command[2].set_result(None)
-        streams, self._streams = self._streams, {}
-        for stream in streams.values():
-            stream.put(exc if isinstance(exc, Exception) else EngineDead(str(exc)))
+            _refuse(command, EngineDead(f"the engine loop is not running ({exc})"))
+        self._die(exc)
+        self.core.shutdown()
+
+
+def _apply(core: EngineCore, command: tuple[Any, ...]) -> None:
+    kind, arg, future = command
+    if kind == "add":
+        if not future.set_running_or_notify_cancel():
+            return
+        try:
+            future.set_result(core.add(arg))
+        except Exception as exc:  # noqa: BLE001 -- ValueError, QueueFull, ...: the caller gets it, nothing queued
+            future.set_exception(exc)
+        return
+    core.abort(arg)
+    if future is not None:
+        future.set_result(None)
+
+
+def _refuse(command: tuple[Any, ...], error: EngineDead) -> None:
+    kind, _, future = command
+    if future is None:
+        return
+    if kind == "add":
+        future.set_exception(error)
+    else:
+        future.set_result(None)

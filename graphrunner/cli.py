@@ -223,6 +223,9 @@ def _add_serve_parser(sub: Any, fmt: type[argparse.HelpFormatter]) -> None:
                      help="answer 429 when more sequences than this wait for a slot; none: unbounded")
     srv.add_argument("--compile-cache", default=None, help="a `graphrunner precompile` output directory")
     srv.add_argument("--log-level", default="info", help="uvicorn log level")
+    srv.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=True,
+                     help="run the engine loop in its own process, where HTTP work cannot hold its GIL "
+                          "(--no-engine-process: a thread of the server process)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -378,11 +381,11 @@ def _serve(args: argparse.Namespace) -> int:
     if args.max_waiting_requests is not None and args.max_waiting_requests < 0:
         raise ValueError(f"--max-waiting-requests must be >= 0, got {args.max_waiting_requests}")
     engine_args = EngineArgs(**engine_kwargs(args))
-    # The engine loop and the HTTP event loop share one GIL. With Python's default 5 ms switch interval an
-    # output the loop thread hands over waits up to 5 ms for the HTTP thread to run (TTFT and ITL pay it);
-    # 0.5 ms bounds that wait at a small cost in switches.
+    # The thread that hands outputs over (the engine loop, or the engine-core process's reader) and the HTTP
+    # event loop share this process's GIL. With Python's default 5 ms switch interval an output handed over waits
+    # up to 5 ms for the HTTP thread to run (TTFT and ITL pay it); 0.5 ms bounds that wait.
     sys.setswitchinterval(SERVE_SWITCH_INTERVAL_S)
-    llm = AsyncLLM.from_engine_args(engine_args, args.max_waiting_requests)
+    llm = AsyncLLM.from_engine_args(engine_args, args.max_waiting_requests, engine_process=args.engine_process)
     app = build_app(llm, args.served_model_name or args.model, args.api_key or os.environ.get("GRAPHRUNNER_API_KEY"))
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                             timeout_graceful_shutdown=10)

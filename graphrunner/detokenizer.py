@@ -54,6 +54,10 @@ _INFO_CACHE: weakref.WeakKeyDictionary[Any, TokenizerInfo] = weakref.WeakKeyDict
 
 def _rust_backend(tokenizer: Any) -> Any:
     """The fast tokenizer's `tokenizers.Tokenizer` when `tokenizer.decode` is the stock fast decode, else None."""
+    from graphrunner.fast_tokenizer import FastTokenizer
+
+    if type(tokenizer) is FastTokenizer:  # decodes with its backend exactly like this (and needs no transformers)
+        return tokenizer._tokenizer
     try:
         from tokenizers import Tokenizer
         from transformers import PreTrainedTokenizerFast

@@ -70,10 +70,13 @@ class Engine:
 
     # -- submission ----------------------------------------------------------------------
     def add_request(self, prompt: Any, params: SamplingParams | None = None, request_id: str | None = None,
-                    final_only: bool = False) -> str:
+                    final_only: bool = False, delta: bool = False) -> str:
         """Validate and queue one request; raises ValueError (nothing queued) on bad input. `final_only`: step()
-        reports it only when it finishes (no per-step RequestOutput is built: LLM.generate needs none)."""
+        reports it only when it finishes (no per-step RequestOutput is built: LLM.generate needs none). `delta`:
+        each report holds only what is new (ParentRequest.delta_output; the async front merges them)."""
         params = params if params is not None else SamplingParams()
+        if final_only and delta:
+            raise ValueError("a request is reported final-only or as deltas, not both")
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
         if request_id is not None and not isinstance(request_id, str):
@@ -97,7 +100,7 @@ class Engine:
         for child in children:  # checks the cache can ever hold it: raises before anything is queued
             self.scheduler.check_fits(child)
         parent = ParentRequest(request_id, text, ids, children, [self._detokenizer(ids, params) for _ in children],
-                               final_only=final_only)
+                               final_only=final_only, delta=delta)
         if params.logprobs is not None:
             parent.logprobs = [[] for _ in children]
             parent.cumulative = [0.0 for _ in children]
@@ -230,7 +233,9 @@ class Engine:
         outputs = []
         for parent in parents:
             self._parents.pop(parent.request_id, None)
-            outputs.append(parent.output())
+            out = parent.report()
+            assert out is not None  # a finished parent always reports
+            outputs.append(out)
         return self._with_metrics(outputs)
 
     def _fail_in_flight(self, *in_flight: tuple[SchedulerOutput, AsyncStepOutput] | None) -> list[RequestOutput]:

@@ -29,6 +29,44 @@ class ParentRequest:
     cumulative: list[float] = field(default_factory=list)
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None
     final_only: bool = False  # report only the final output (building one per step is O(length) each time)
+    delta: bool = False  # report only what is new (see delta_output)
+    _sent: list[tuple[int, int]] = field(default_factory=list)  # per child: (tokens, text characters) reported
+
+    def report(self) -> RequestOutput | None:
+        return self.delta_output() if self.delta else self.output()
+
+    def delta_output(self) -> RequestOutput | None:
+        """What is new since the previous report (None: nothing, e.g. after a prefill chunk): new tokens, text and
+        logprobs per completion; the prompt, its ids and prompt logprobs ride in the first report only (the
+        engine-core process pickles every report; prompt logprobs are complete once a token was sampled). Text
+        that may still become part of a stop string is held back until its completion finishes, so text once
+        reported is never taken back."""
+        done = all(c.finished for c in self.children)
+        first = not self._sent
+        if first:
+            self._sent = [(0, 0)] * len(self.children)
+        if not done and all(len(c.output_token_ids) == sent for c, (sent, _) in zip(self.children, self._sent)):
+            if first:
+                self._sent = []
+            return None
+        outs = []
+        for i, (child, detok) in enumerate(zip(self.children, self.detoks)):
+            sent_tokens, sent_chars = self._sent[i]
+            text = detok.output_text if detok is not None else ""
+            limit = len(text)
+            if detok is not None and not child.finished and detok.max_stop_len > 1:
+                limit = max(sent_chars, limit - (detok.max_stop_len - 1))
+            ids = child.output_token_ids
+            lps = self.logprobs[i] if self.logprobs else None
+            outs.append(CompletionOutput(
+                child.index, text[sent_chars:limit], ids[sent_tokens:],
+                cumulative_logprob=self.cumulative[i] if lps is not None else None,
+                logprobs=lps[sent_tokens:] if lps is not None else None,
+                finish_reason=child.finish_reason, stop_reason=child.stop_reason))
+            self._sent[i] = (len(ids), limit)
+        cached = max(0, self.children[0].num_cached_tokens)
+        return RequestOutput(self.request_id, self.prompt if first else None, self.prompt_token_ids if first else [],
+                             outs, done, self.prompt_logprobs if first else None, num_cached_tokens=cached)
 
     def output(self) -> RequestOutput:
         outs = []
@@ -104,7 +142,9 @@ class OutputProcessor:
         for rid, parent in touched.items():
             if parent.final_only and not all(c.finished for c in parent.children):
                 continue
-            out = parent.output()
+            out = parent.report()
+            if out is None:
+                continue
             if out.finished:
                 del parents[rid]
             results_out.append(out)

@@ -154,7 +154,8 @@ class ModelRunner:
             # FULL: uniform plain decodes (1 token each) or, with speculation, verify steps with k draft slots each;
             # a mixed FULL graph (prefill chunks beside decodes) samples one token a request: no verify steps
             q = 1 + (num_spec[0] if num_spec else 0)
-            covered = sampling.plain and prompt_logprobs is None  # what a FULL graph's sampling does
+            # what a FULL graph's sampling does
+            covered = sampling.full_graph_ok(self.penalties_in_graph) and prompt_logprobs is None
             uniform = (all(c == q for c in counts) and all(n == q - 1 for n in num_spec)
                        and q in (1, 1 + self.spec_k))
             plan = self.graphs.plan(b, t, max(seq_lens, default=0), covered and uniform, covered and spec is None, q)
@@ -203,7 +204,7 @@ class ModelRunner:
         out = verify_sample(logits, batch.sampling, spec, batch.idx_mapping, self.state, self.use_triton,
                             self.logprobs_mode)
         post_update_spec(batch.idx_mapping, batch.num_scheduled, spec.num_spec, out.output_ids, out.num_accepted,
-                         self.state.token_ids, self.state.num_computed, self.state.num_tokens)
+                         self.state.token_ids, self.state.num_computed, self.state.num_tokens, self.state.penalties)
         self._propose(batch.idx_mapping, inputs, self._forward_shape(batch), hidden)
         plp = batch.prompt_logprobs
         return StepOutput(out.output_ids[:, 0].contiguous(), out.nonfinite, out.logprobs,
@@ -225,6 +226,13 @@ class ModelRunner:
         elif self.proposer is not None:
             self.proposer.propose(idx_mapping)
 
+    @property
+    def penalties_in_graph(self) -> bool:
+        """FULL graphs apply penalties (from the state table's statistics), so batches with penalties replay them;
+        not with vocab-parallel sampling, whose shards never see whole rows."""
+        vocab_parallel = tp_size() > 1 and SHARD_SAMPLING_ENABLED
+        return self.state.penalties is not None and self.use_triton and not vocab_parallel
+
     def _sample(self, hidden: torch.Tensor, sampling: SamplingBatch) -> SamplerOutput:
         """Logits of hidden [B, hidden] and the sampled tokens. With tensor parallelism a plain batch samples each
         rank's vocabulary shard and agrees on the winner (graphrunner.sampling.vocab_parallel); others gather."""
@@ -239,7 +247,7 @@ class ModelRunner:
 
     def _update(self, idx_mapping: torch.Tensor, num_scheduled: torch.Tensor, sampled: torch.Tensor) -> None:
         post_update(idx_mapping, num_scheduled, sampled, self.state.token_ids, self.state.num_computed,
-                    self.state.num_tokens, self.use_triton)
+                    self.state.num_tokens, self.use_triton, self.state.penalties)
 
     def _replay_full(self, batch: StepBatch) -> StepOutput:
         assert self.graphs is not None
@@ -316,7 +324,9 @@ class ModelRunner:
         shape = StepShape(num_reqs, num_tokens, query_lens, (self.max_model_len,) * num_reqs, num_splits)
         hidden = self.run_model(inputs, shape)                                  # [T, hidden]
         self._observe(inputs, shape)
-        out = self._sample(hidden.index_select(0, inputs.logits_indices), SamplingBatch(idx, False, False, False, -1))
+        # penalties run in the graph for every row (neutral rows return at once): a batch with penalties replays it
+        sampling = SamplingBatch(idx, False, self.penalties_in_graph, False, -1)
+        out = self._sample(hidden.index_select(0, inputs.logits_indices), sampling)
         self._update(idx, counts, out.sampled)
         # a plain decode graph drafts nothing with a model (speculation was off for the step; stale drafts stay
         # valid proposals; an EAGLE head still observes); a mixed one does (a prefill that just ended verifies next)
@@ -343,7 +353,7 @@ class ModelRunner:
         out = verify_sample(logits, SamplingBatch(layout.expanded_idx, False, False, False, -1), layout, idx,
                             self.state, self.use_triton)
         post_update_spec(idx, counts, layout.num_spec, out.output_ids, out.num_accepted, self.state.token_ids,
-                         self.state.num_computed, self.state.num_tokens)
+                         self.state.num_computed, self.state.num_tokens, self.state.penalties)
         self._propose(idx, inputs, shape, hidden, drafting=True)
         return out.output_ids[:, 0].contiguous(), out.nonfinite, out.output_ids, out.num_accepted, out.num_drafts
 

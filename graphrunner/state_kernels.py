@@ -12,6 +12,7 @@ import triton.language as tl
 from torch import Tensor
 
 from graphrunner.kernel_checks import check_tensor as _check
+from graphrunner.penalty_counts import PenaltyCounts
 
 _BLOCK = 256  # values written per loop iteration of one ragged-write program
 
@@ -118,7 +119,7 @@ def apply_ragged_writes(
 
 def _check_post(
     idx_mapping: Tensor, num_scheduled: Tensor, sampled: Tensor, token_ids: Tensor, num_computed: Tensor,
-    num_tokens: Tensor,
+    num_tokens: Tensor, penalties: PenaltyCounts | None = None,
 ) -> None:
     dev = idx_mapping.device
     _check(idx_mapping, "idx_mapping", torch.int32, 1, dev)
@@ -142,6 +143,16 @@ def _check_post(
         raise ValueError("token_ids must have unit stride along its last dimension")
     if not (num_computed.is_contiguous() and num_tokens.is_contiguous()):
         raise ValueError("num_computed and num_tokens must be contiguous (they are updated in place)")
+    if penalties is not None:
+        _check(penalties.output_counts, "output_counts", torch.int32, 2, dev)
+        if penalties.output_counts.shape[0] != r or not penalties.output_counts.is_contiguous():
+            raise ValueError(f"output_counts must be a contiguous [{r}, V] tensor, got "
+                             f"{tuple(penalties.output_counts.shape)}")
+        for t, name in ((penalties.repetition, "repetition"), (penalties.presence, "presence"),
+                        (penalties.frequency, "frequency")):
+            _check(t, name, torch.float32, 1, dev)
+            if t.shape[0] != r:
+                raise ValueError(f"{name} has {t.shape[0]} entries, token_ids has {r} rows")
 
 
 def post_update_ref(
@@ -151,9 +162,10 @@ def post_update_ref(
     token_ids: Tensor,  # [R, L] int32, in place
     num_computed: Tensor,  # [R] int32, in place
     num_tokens: Tensor,  # [R] int32, in place
+    penalties: PenaltyCounts | None = None,  # output counts in place
 ) -> None:
     """PyTorch reference of post_update (rows in idx_mapping are distinct)."""
-    _check_post(idx_mapping, num_scheduled, sampled, token_ids, num_computed, num_tokens)
+    _check_post(idx_mapping, num_scheduled, sampled, token_ids, num_computed, num_tokens, penalties)
     max_len = token_ids.shape[1]
     if idx_mapping.shape[0] == 0:
         return
@@ -166,6 +178,13 @@ def post_update_ref(
         col = nt.long().clamp(max=max_len - 1)  # [B] int64; rows that do not append rewrite their old value
         token_ids[rows, col] = torch.where(append, sampled, token_ids[rows, col])
     num_tokens[rows] = nt + append.to(torch.int32)
+    if penalties is not None:
+        vocab = penalties.vocab_size
+        active = ((penalties.repetition[rows] != 1.0) | (penalties.presence[rows] != 0.0)
+                  | (penalties.frequency[rows] != 0.0))  # [B] bool
+        add = append & active & (sampled >= 0) & (sampled < vocab)  # [B] bool
+        penalties.output_counts.index_put_((rows, sampled.long().clamp(0, vocab - 1)), add.to(torch.int32),
+                                           accumulate=True)
 
 
 @triton.jit
@@ -178,6 +197,12 @@ def _post_update_kernel(
     num_computed_ptr,  # [R] int32
     num_tokens_ptr,  # [R] int32
     max_len,
+    counts_ptr,  # [R, V] int32 output counts (HAS_COUNTS)
+    rep_ptr,  # [R] float32
+    pres_ptr,  # [R] float32
+    freq_ptr,  # [R] float32
+    vocab_size,
+    HAS_COUNTS: tl.constexpr,
 ):
     pid = tl.program_id(0)
     row = tl.load(idx_mapping_ptr + pid).to(tl.int64)
@@ -188,20 +213,28 @@ def _post_update_kernel(
     tok = tl.load(sampled_ptr + pid)
     tl.store(token_ids_ptr + row * token_ids_stride + nt, tok, mask=append)
     tl.store(num_tokens_ptr + row, nt + append.to(tl.int32))
+    if HAS_COUNTS:
+        active = (tl.load(rep_ptr + row) != 1.0) | (tl.load(pres_ptr + row) != 0.0) | (tl.load(freq_ptr + row) != 0.0)
+        add = append & active & (tok >= 0) & (tok < vocab_size)
+        tl.atomic_add(counts_ptr + row * vocab_size + tok, 1, mask=add, sem="relaxed")
 
 
 def post_update_triton(
     idx_mapping: Tensor, num_scheduled: Tensor, sampled: Tensor, token_ids: Tensor, num_computed: Tensor,
-    num_tokens: Tensor,
+    num_tokens: Tensor, penalties: PenaltyCounts | None = None,
 ) -> None:
-    """Triton version of post_update: one program per request."""
-    _check_post(idx_mapping, num_scheduled, sampled, token_ids, num_computed, num_tokens)
+    """Triton version of post_update: one program per request (the output-count update fused in)."""
+    _check_post(idx_mapping, num_scheduled, sampled, token_ids, num_computed, num_tokens, penalties)
     num_reqs = idx_mapping.shape[0]
     if num_reqs == 0:
         return
+    p = penalties
+    counts, rep, pres, freq = ((p.output_counts, p.repetition, p.presence, p.frequency) if p is not None
+                               else (num_tokens,) * 4)  # unread placeholders
     _post_update_kernel[(num_reqs,)](
         idx_mapping.contiguous(), num_scheduled.contiguous(), sampled.contiguous(), token_ids, token_ids.stride(0),
-        num_computed, num_tokens, token_ids.shape[1],
+        num_computed, num_tokens, token_ids.shape[1], counts, rep, pres, freq, p.vocab_size if p is not None else 0,
+        HAS_COUNTS=p is not None,
     )
 
 
@@ -213,9 +246,12 @@ def post_update(
     num_computed: Tensor,  # [R] int32, in place
     num_tokens: Tensor,  # [R] int32, in place
     use_triton: bool,
+    penalties: PenaltyCounts | None = None,  # output counts, in place
 ) -> None:
     """For each b (distinct rows): num_computed[row] += num_scheduled[b]; if that reaches num_tokens[row] (the
     step ended on the last known token, so sampled[b] is a real new token) and the row has room, append
-    sampled[b] to token_ids[row] and bump num_tokens[row]. A partial prefill chunk leaves the history alone."""
+    sampled[b] to token_ids[row] and bump num_tokens[row]. A partial prefill chunk leaves the history alone.
+    With `penalties`, an appended token of a row that uses a penalty also counts in its output counts (ids
+    outside [0, V) are not counted), so the counts follow the history exactly."""
     fn = post_update_triton if use_triton else post_update_ref
-    fn(idx_mapping, num_scheduled, sampled, token_ids, num_computed, num_tokens)
+    fn(idx_mapping, num_scheduled, sampled, token_ids, num_computed, num_tokens, penalties)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from graphrunner.penalty_counts import PenaltyCounts, fill_counts
 from graphrunner.sampling_params import SamplingParams
 from graphrunner.state_kernels import apply_ragged_writes
 
@@ -52,7 +53,9 @@ class StateTable:
     """Device tensors indexed by row; see docs/CONTRACTS.md for the meaning of each."""
 
     def __init__(self, max_reqs: int, max_model_len: int, max_blocks_per_req: int, device: torch.device,
-                 use_triton: bool) -> None:
+                 use_triton: bool, vocab_size: int | None = None) -> None:
+        """vocab_size: allocate the penalty statistics (PenaltyCounts) for that vocabulary; None: no request may
+        use repetition / presence / frequency penalties (tests of other stages)."""
         self.device = device
         self.use_triton = use_triton
         # One extra row, never handed to a request: padded rows of a captured batch point at it. Its
@@ -75,12 +78,17 @@ class StateTable:
         (self.temperature, self.top_p, self.min_p, self.repetition_penalty, self.presence_penalty,
          self.frequency_penalty) = self.floats.unbind(0)  # views: writes to `floats` show through
         self.num_tokens[self.padding_row] = 1
+        self.repetition_penalty[self.padding_row] = 1.0  # neutral: the penalty kernels skip padded rows
+        # penalty statistics of every row, filled at admission and updated by post-update (docs/DECISIONS.md)
+        self.penalties = (PenaltyCounts.allocate(max_reqs, vocab_size, self.repetition_penalty, self.presence_penalty,
+                                                 self.frequency_penalty) if vocab_size is not None else None)
         self._tokens = _RaggedStage()
         self._blocks = _RaggedStage()
         self._rows: list[int] = []
         self._ints: list[list[int]] = [[], [], [], [], []]  # num_tokens, num_computed, prompt_len, top_k, num_drafts
         self._floats: list[list[float]] = [[] for _ in _FLOAT_FIELDS]
         self._seeds: list[int] = []
+        self._penalty_rows: list[int] = []  # new rows whose statistics are rebuilt from their history
 
     def stage_new_row(self, row: int, token_ids: list[int], prompt_len: int, num_computed: int,
                       params: SamplingParams, seed: int) -> None:
@@ -93,6 +101,11 @@ class StateTable:
         for dst, name in zip(self._floats, _FLOAT_FIELDS):
             dst.append(float(getattr(params, name)))
         self._seeds.append(seed)
+        if params.repetition_penalty != 1.0 or params.presence_penalty or params.frequency_penalty:
+            if self.penalties is None:
+                raise ValueError("repetition / presence / frequency penalties need the state table's penalty "
+                                 "statistics (StateTable built without vocab_size)")
+            self._penalty_rows.append(row)
 
     def stage_blocks(self, row: int, first_col: int, block_ids: list[int]) -> None:
         self._blocks.add(row, first_col, block_ids)
@@ -102,7 +115,9 @@ class StateTable:
         n_tok, n_blk, n_new = len(self._tokens.rows), len(self._blocks.rows), len(self._rows)
         if n_tok + n_blk + n_new == 0:
             return
-        packed = self._tokens.pack() + self._blocks.pack() + self._rows + [v for col in self._ints for v in col]
+        n_pen = len(self._penalty_rows)
+        packed = (self._tokens.pack() + self._blocks.pack() + self._rows + [v for col in self._ints for v in col]
+                  + self._penalty_rows)
         dev = to_device(packed, torch.int32, self.device)  # one H2D copy for all int32 diffs
         off = 0
 
@@ -124,11 +139,13 @@ class StateTable:
             floats = to_device([v for col in self._floats for v in col], torch.float32, self.device)
             self.floats.index_copy_(1, rows, floats.view(len(_FLOAT_FIELDS), n_new))
             self.seeds.index_copy_(0, rows, to_device(self._seeds, torch.int64, self.device))
+        if n_pen and self.penalties is not None:  # after the history, prompt_len and num_tokens are written
+            fill_counts(take(n_pen), self.token_ids, self.prompt_len, self.num_tokens, self.penalties, self.use_triton)
         self.discard_staged()
 
     def discard_staged(self) -> None:
         """Forget staged diffs (after they are applied, or when the step that staged them failed)."""
         self._tokens, self._blocks = _RaggedStage(), _RaggedStage()
-        self._rows, self._seeds = [], []
+        self._rows, self._seeds, self._penalty_rows = [], [], []
         self._ints = [[], [], [], [], []]
         self._floats = [[] for _ in _FLOAT_FIELDS]

@@ -128,7 +128,7 @@ def build_runner(config: EngineConfig, model_state: ModelState | None = None) ->
         model, backend = prepare_compiled_model(model, config, model_state)
     sc, bs = config.scheduler, config.cache.block_size
     state = StateTable(sc.max_num_seqs, sc.max_model_len, blocks_needed(sc.max_model_len, bs), config.device,
-                       config.use_triton)
+                       config.use_triton, config.model.vocab_size)  # penalty statistics: docs/DECISIONS.md
     kv_model = rank_kv_config(config.model)
     placeholder = allocate_kv_cache(kv_model, 2, bs, config.dtype, config.device)
     draft = _load_draft(config) or _load_eagle(config)

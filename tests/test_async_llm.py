@@ -22,7 +22,7 @@ class FakeEngine:
     """Each step adds one token to every request; a request finishes after params.max_tokens tokens."""
 
     def __init__(self) -> None:
-        self.requests: dict[str, list[Any]] = {}  # id -> [params, tokens]
+        self.requests: dict[str, list[Any]] = {}  # id -> [params, tokens, tokens reported, delta]
         self.scheduler = SimpleNamespace(waiting=[], running=[])
         self.stats = SimpleNamespace(to_prometheus_text=lambda: "x 1\n", labels={})
         self.tokenizer, self.config = None, SimpleNamespace()
@@ -32,10 +32,11 @@ class FakeEngine:
         self.shut_down = False
         self.step_delay = 0.0  # seconds per step: a test racing the loop sets it so its request cannot finish first
 
-    def add_request(self, prompt: Any, params: SamplingParams, request_id: str, final_only: bool = False) -> str:
+    def add_request(self, prompt: Any, params: SamplingParams, request_id: str, final_only: bool = False,
+                    delta: bool = False) -> str:
         if prompt == "bad":
             raise ValueError("bad prompt")
-        self.requests[request_id] = [params, []]
+        self.requests[request_id] = [params, [], 0, delta]
         self.scheduler.waiting.append(request_id)
         return request_id
 
@@ -46,9 +47,15 @@ class FakeEngine:
         self.shut_down = True
 
     def _out(self, rid: str, reason: str | None) -> RequestOutput:
-        tokens = self.requests[rid][1]
-        comp = CompletionOutput(0, "t" * len(tokens), list(tokens), finish_reason=reason)
-        return RequestOutput(rid, "p", [1], [comp], finished=reason is not None)
+        """As the Engine reports: the new tokens only (and the prompt in the first report) for a delta request."""
+        entry = self.requests[rid]
+        tokens, sent, delta = entry[1], entry[2], entry[3]
+        new = tokens[sent:] if delta else list(tokens)
+        entry[2] = len(tokens)
+        comp = CompletionOutput(0, "t" * len(new), new, finish_reason=reason)
+        first = sent == 0
+        return RequestOutput(rid, "p" if first or not delta else None, [1] if first or not delta else [], [comp],
+                             finished=reason is not None)
 
     def step(self) -> list[RequestOutput]:
         self.steps += 1
@@ -62,7 +69,7 @@ class FakeEngine:
                 self.requests.clear()
             raise exc
         outs = []
-        for rid, (params, tokens) in list(self.requests.items()):
+        for rid, (params, tokens, _, _) in list(self.requests.items()):
             tokens.append(7)
             done = len(tokens) >= params.max_tokens
             outs.append(self._out(rid, "length" if done else None))
@@ -86,7 +93,7 @@ async def _all(llm: AsyncLLM, prompt: str = "p", n: int = 3, rid: str | None = N
 def test_slow_consumer_gets_the_newest_cumulative_output() -> None:
     """A consumer that falls behind skips outputs it has not read yet: each one it gets is the newest."""
     engine = FakeEngine()
-    llm = AsyncLLM(engine)
+    llm = AsyncLLM.from_engine(engine)
 
     async def slow() -> list[RequestOutput]:
         got = []
@@ -106,7 +113,7 @@ def test_slow_consumer_gets_the_newest_cumulative_output() -> None:
 
 def test_outputs_and_idle() -> None:
     engine = FakeEngine()
-    llm = AsyncLLM(engine)
+    llm = AsyncLLM.from_engine(engine)
     try:
         outs = asyncio.run(_all(llm))
         lens = [len(o.outputs[0].token_ids) for o in outs]
@@ -117,12 +124,12 @@ def test_outputs_and_idle() -> None:
         assert engine.steps == steps  # idle: no busy stepping
     finally:
         llm.shutdown()
-    assert not llm._thread.is_alive()
+    assert not llm._core._thread.is_alive()
 
 
 def test_bad_input_queue_full_and_abort_on_close() -> None:
     engine = FakeEngine()
-    llm = AsyncLLM(engine, max_waiting_requests=1)
+    llm = AsyncLLM.from_engine(engine, max_waiting_requests=1)
     try:
         with pytest.raises(ValueError, match="bad prompt"):
             asyncio.run(_all(llm, "bad"))
@@ -149,7 +156,7 @@ def test_bad_input_queue_full_and_abort_on_close() -> None:
 
 def test_step_failed_goes_on_and_crash_ends_streams() -> None:
     engine = FakeEngine()
-    llm = AsyncLLM(engine)
+    llm = AsyncLLM.from_engine(engine)
     try:
         engine.fail_next = StepFailed("boom", [])
         outs = asyncio.run(_all(llm, n=5))
@@ -167,7 +174,7 @@ def test_step_failed_goes_on_and_crash_ends_streams() -> None:
 
 def test_shutdown_aborts_in_flight() -> None:
     engine = FakeEngine()
-    llm = AsyncLLM(engine)
+    llm = AsyncLLM.from_engine(engine)
 
     async def run() -> RequestOutput:
         last = None
@@ -178,14 +185,14 @@ def test_shutdown_aborts_in_flight() -> None:
         return last
 
     assert asyncio.run(asyncio.wait_for(run(), 30)).outputs[0].finish_reason == "abort"
-    llm._thread.join(10)
-    assert not llm._thread.is_alive()
+    llm._core._thread.join(10)
+    assert not llm._core._thread.is_alive()
     assert engine.shut_down  # the engine's own shutdown (tensor-parallel workers) ran as the loop ended
 
 
 def test_a_dead_tensor_parallel_worker_ends_the_loop() -> None:
     engine = FakeEngine()
-    llm = AsyncLLM(engine)
+    llm = AsyncLLM.from_engine(engine)
     try:
         failed = StepFailed("a step failed", [])
         failed.__cause__ = WorkerDied("tensor-parallel worker rank 1 (pid 7) exited with code -9")

@@ -131,6 +131,28 @@ def test_seeded_and_filtered_sampling_identical_across_modes(engines: dict[str, 
     assert results["full"] == results["eager"]
 
 
+def test_penalised_batches_run_full_and_match_every_mode(engines: dict[str, LLM]) -> None:
+    """Penalties (from the persistent statistics) are part of the FULL graphs' sampling: a batch of penalised
+    greedy and seeded requests beside neutral ones replays FULL graphs, and every mode draws the same tokens; the
+    statistics are updated by the post-update inside the graph."""
+    prompts = _prompts(11, 9)
+    kinds = [{"repetition_penalty": 1.3}, {"presence_penalty": 0.8, "frequency_penalty": 0.5}, {},
+             {"repetition_penalty": 0.7, "frequency_penalty": 1.2}]
+    params = [SamplingParams(temperature=0.0 if i % 2 else 0.9, seed=i, max_tokens=3 * NEW_TOKENS, ignore_eos=True,
+                             **kinds[i % len(kinds)]) for i in range(11)]
+    results = {}
+    for name, llm in engines.items():
+        before = _counts(llm)
+        results[name] = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+        if name == "full":
+            assert _counts(llm).get(StepMode.FULL, 0) - before.get(StepMode.FULL, 0) >= 3 * NEW_TOKENS - 2
+    assert results["piecewise"] == results["eager"]
+    assert results["full"] == results["eager"]
+    plain = [SamplingParams(temperature=p.temperature, seed=p.seed, max_tokens=p.max_tokens, ignore_eos=True)
+             for p in params]
+    assert [o.outputs[0].token_ids for o in engines["eager"].generate(prompts, plain)] != results["eager"]
+
+
 def test_padded_rows_write_no_kv(model_dir: Path) -> None:
     llm = LLM(model=model_dir, dtype="float32", max_model_len=256, device="cuda", num_gpu_blocks_override=64)
     kv = llm.engine.runner.kv_cache  # [L, 2, num_blocks, block_size, Hkv, D]

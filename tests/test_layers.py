@@ -18,7 +18,8 @@ PACKAGES = ("graphrunner", "model_states", "capture")
 # Front: the package __init__, these modules, and everything under these packages (present or future).
 FRONT_MODULES = {"graphrunner", "graphrunner.__main__"} | {
     f"graphrunner.{m}" for m in ("llm", "llm_engine", "engine", "worker", "cli", "engine_args", "precompile",
-                                 "vllm_compat", "async_llm", "tp_executor")
+                                 "vllm_compat", "async_llm", "tp_executor", "engine_core",
+                                 "engine_core_process")
 }
 FRONT_PACKAGES = ("graphrunner.server", "graphrunner.entrypoints")
 RUNNER_MODULES = {"graphrunner.runner"}

@@ -147,7 +147,7 @@ def test_run_sampler_fused_check_equals_unfused(setting: str, logprobs_mode: str
     """Same tokens, flags and logprobs with the split kernel's fused NaN check on and off (and vs the references)."""
     bs, vocab = 3, 1500
     device = torch.device(DEVICE)
-    state = StateTable(bs, 64, 4, device, True)
+    state = StateTable(bs, 64, 4, device, True, vocab)
     params = SamplingParams(max_tokens=1, seed=3, **SETTINGS[setting])  # type: ignore[arg-type]
     for r in range(bs):
         state.stage_new_row(r, [(r * 7 + i) % vocab for i in range(20)], 10, 0, params, r + 11)

@@ -1,5 +1,7 @@
-"""Tests for graphrunner.sampling.penalties: Triton == PyTorch reference == a plain-Python loop on awkward sizes,
-repetition penalty == Hugging Face's RepetitionPenaltyLogitsProcessor, presence/frequency == the direct formula.
+"""Tests for graphrunner.sampling.penalties over the persistent statistics of graphrunner.penalty_counts: filled from
+a history (Triton or reference), the apply kernel == its PyTorch reference == the recounting reference == a
+plain-Python loop on awkward sizes; repetition == Hugging Face's RepetitionPenaltyLogitsProcessor, presence/frequency
+== the direct formula.
 
 Runs on CUDA when available, else on CPU with Triton in interpreter mode (there Triton and reference agree bit for bit).
 """
@@ -14,12 +16,38 @@ import pytest
 import torch
 from transformers import RepetitionPenaltyLogitsProcessor
 
+from graphrunner import penalty_counts
+from graphrunner.penalty_counts import PenaltyCounts, fill_counts
 from graphrunner.sampling import penalties
-from graphrunner.sampling.penalties import apply_penalties, apply_penalties_ref, apply_penalties_triton
+from graphrunner.sampling.penalties import (
+    apply_penalties,
+    apply_penalties_history_ref,
+    apply_penalties_ref,
+    apply_penalties_triton,
+)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-IMPLS = [apply_penalties_ref, apply_penalties_triton]
 NEG_INF = float("-inf")
+
+
+def _from_counts(fill_triton: bool, apply_triton: bool):
+    """An implementation with the recounting reference's signature: fill the statistics of every row from the
+    history, then apply from them."""
+
+    def fn(logits, idx, token_ids, prompt_len, num_tokens, rep, pres, freq) -> None:
+        pen = PenaltyCounts.allocate(token_ids.shape[0], logits.shape[1], rep, pres, freq)
+        pen.output_counts.fill_(-5)  # stale values of a previous owner must be overwritten
+        pen.prompt_mask.fill_(-1)
+        rows = torch.arange(token_ids.shape[0], dtype=torch.int32, device=logits.device)
+        fill_counts(rows, token_ids, prompt_len, num_tokens, pen, fill_triton)
+        apply = apply_penalties_triton if apply_triton else apply_penalties_ref
+        apply(logits, idx, pen.output_counts, pen.prompt_mask, rep, pres, freq)
+
+    return fn
+
+
+IMPLS = [apply_penalties_history_ref, _from_counts(False, False), _from_counts(True, True),
+         _from_counts(False, True), _from_counts(True, False)]
 
 
 def _assert_same(actual: torch.Tensor, expected: torch.Tensor) -> None:
@@ -100,11 +128,15 @@ def test_triton_ref_python_agree(num_reqs: int, vocab: int) -> None:
 def test_dispatcher_and_strided_logits() -> None:
     """A [B, V] view into a wider buffer is updated in place; the columns beyond V are not touched."""
     logits, idx, tables = _state(4, 300, seed=7, neutral_every=2)
+    token_ids, prompt_len, num_tokens, rep, pres, freq = tables
     expected = _python_penalties(logits, idx, tables)
     for use_triton in (False, True):
+        pen = PenaltyCounts.allocate(token_ids.shape[0], 300, rep, pres, freq)
+        rows = torch.arange(token_ids.shape[0], dtype=torch.int32, device=DEVICE)
+        fill_counts(rows, token_ids, prompt_len, num_tokens, pen, use_triton)
         buf = torch.full((4, 305), 123.0, device=DEVICE)
         buf[:, :300] = logits
-        apply_penalties(buf[:, :300], idx, *tables, use_triton=use_triton)
+        apply_penalties(buf[:, :300], idx, pen, use_triton=use_triton)
         _assert_same(buf[:, :300], expected)
         assert bool((buf[:, 300:] == 123.0).all())
 
@@ -149,7 +181,7 @@ def test_presence_frequency_direct_formula(seed: int) -> None:
 
 def test_long_history_and_out_of_vocab_ids() -> None:
     """A history longer than all counting programs cover in one pass; ids outside [0, V) are ignored."""
-    vocab, max_len = 50, penalties._BLOCK_L * penalties._MAX_CHUNKS + 700
+    vocab, max_len = 50, penalty_counts._BLOCK_L * penalty_counts._MAX_CHUNKS + 700
     g = torch.Generator().manual_seed(3)
     token_ids = torch.randint(-3, vocab + 3, (3, max_len), generator=g, dtype=torch.int32)
     token_ids[1, -1] = 7  # the last position of a full row counts
@@ -189,9 +221,10 @@ def test_neutral_rows_bit_identical_and_shared_rows() -> None:
 
 
 def test_source_has_no_host_sync() -> None:
-    src = inspect.getsource(penalties)
-    for bad in (".item(", ".tolist(", ".cpu(", "nonzero", "synchronize", "masked_select"):
-        assert bad not in src, bad
+    for module in (penalties, penalty_counts):
+        src = inspect.getsource(module)
+        for bad in (".item(", ".tolist(", ".cpu(", "nonzero", "synchronize", "masked_select"):
+            assert bad not in src, bad
 
 
 @pytest.mark.parametrize(
@@ -199,22 +232,21 @@ def test_source_has_no_host_sync() -> None:
     [
         (0, torch.zeros(2, 5, dtype=torch.float16), "logits must be torch.float32"),
         (0, torch.zeros(2, 5, 1), "logits must be 2-D"),
+        (0, torch.zeros(2, 6), "output_counts covers a vocabulary of 5, logits have 6 columns"),
         (1, torch.zeros(3, dtype=torch.int32), "idx_mapping has 3 entries, logits has 2 rows"),
         (1, torch.zeros(2, dtype=torch.int64), "idx_mapping must be torch.int32"),
-        (2, torch.zeros(4, 6, dtype=torch.int64), "token_ids must be torch.int32"),
-        (2, torch.zeros(6, 4, dtype=torch.int32).t(), "unit stride"),
-        (3, torch.zeros(3, dtype=torch.int32), "prompt_len has 3 entries, token_ids has 4 rows"),
-        (4, torch.zeros(4, dtype=torch.float32), "num_tokens must be torch.int32"),
-        (5, torch.ones(4, dtype=torch.float64), "repetition must be torch.float32"),
-        (6, torch.zeros(5), "presence has 5 entries"),
-        (7, torch.zeros(4, 1), "frequency must be 1-D"),
+        (2, torch.zeros(4, 5, dtype=torch.int64), "output_counts must be torch.int32"),
+        (3, torch.zeros(4, 2, dtype=torch.int32), r"prompt_mask must be \[4, 1\]"),
+        (4, torch.ones(4, dtype=torch.float64), "repetition must be torch.float32"),
+        (5, torch.zeros(5), "presence has 5 entries"),
+        (6, torch.zeros(4, 1), "frequency must be 1-D"),
     ],
 )
 @pytest.mark.parametrize("use_triton", [False, True])
 def test_validation(pos: int, bad: torch.Tensor, match: str, use_triton: bool) -> None:
-    args = [torch.zeros(2, 5), torch.zeros(2, dtype=torch.int32), torch.zeros(4, 6, dtype=torch.int32),
-            torch.zeros(4, dtype=torch.int32), torch.zeros(4, dtype=torch.int32), torch.ones(4), torch.zeros(4),
-            torch.zeros(4)]
+    args = [torch.zeros(2, 5), torch.zeros(2, dtype=torch.int32), torch.zeros(4, 5, dtype=torch.int32),
+            torch.zeros(4, 1, dtype=torch.int32), torch.ones(4), torch.zeros(4), torch.zeros(4)]
     args[pos] = bad
+    fn = apply_penalties_triton if use_triton else apply_penalties_ref
     with pytest.raises(ValueError, match=match):
-        apply_penalties(*(a.to(DEVICE) for a in args), use_triton=use_triton)
+        fn(*(a.to(DEVICE) for a in args))

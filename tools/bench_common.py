@@ -135,11 +135,13 @@ def build_ours(model: str, device: torch.device, max_model_len: int, max_num_seq
 
 
 def ours_generate(llm: Any, prompts: Sequence[list[int]], max_tokens: int, temperature: float,
-                  detokenize: bool = False) -> list[list[int]]:
-    """One llm.generate() over token-id prompts; returns the generated ids per request (exactly max_tokens)."""
+                  detokenize: bool = False, **sampling: float) -> list[list[int]]:
+    """One llm.generate() over token-id prompts; returns the generated ids per request (exactly max_tokens).
+    `sampling`: further SamplingParams fields (e.g. repetition_penalty)."""
     from graphrunner import SamplingParams
 
-    params = SamplingParams(temperature=temperature, max_tokens=max_tokens, ignore_eos=True, detokenize=detokenize)
+    params = SamplingParams(temperature=temperature, max_tokens=max_tokens, ignore_eos=True, detokenize=detokenize,
+                            **sampling)
     outs = llm.generate([{"prompt_token_ids": list(p)} for p in prompts], params, use_tqdm=False)
     ids = [list(o.outputs[0].token_ids) for o in outs]
     check_lengths(ids, max_tokens, "ours")

@@ -46,7 +46,7 @@ def _peer(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
 def run(batch_sizes: list[int], vocab: int, iters: int, device: torch.device, use_triton: bool) -> list[dict]:
     rows = []
     history = 512
-    state = StateTable(max(batch_sizes), history + 1, 4, device, use_triton)
+    state = StateTable(max(batch_sizes), history + 1, 4, device, use_triton, vocab)
     for bs in batch_sizes:
         logits = torch.randn(bs, vocab, device=device) * 3
         for name, kw in SETTINGS.items():

@@ -32,7 +32,8 @@ LOOP = ("graphrunner:engine_loop_steps_total", "graphrunner:engine_loop_step_sec
 def start_server(args: argparse.Namespace, log: Any) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "graphrunner", "serve", "--model", args.model, "--host", HOST, "--port",
            str(args.port), "--max-num-seqs", "256", "--max-model-len", "1600",
-           "--gpu-memory-utilization", str(args.gpu_memory_utilization)]
+           "--gpu-memory-utilization", str(args.gpu_memory_utilization),
+           "--engine-process" if args.engine_process else "--no-engine-process"]
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # run the tree this tool sits in
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
@@ -106,6 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--t1-tokens", type=int, default=512)
     p.add_argument("--offline-l1", default=None, help="bench_latency.py JSON (L1 TPOT/TTFT rows)")
     p.add_argument("--offline-t1", default=None, help="bench_throughput.py JSON (T1 row)")
+    p.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=True,
+                   help="the server's engine loop in its own process (its default) or in a thread")
     p.add_argument("--log", default="serve.log")
     p.add_argument("--json", default="bench_sv1.json")
     args = p.parse_args(argv)
@@ -126,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
                 proc.kill()
                 rc = -9
     result["server_exit_code"] = rc
+    result["engine_process"] = args.engine_process
     c1, c256 = result["c1"], result["c256"]
     result["offline"] = {"l1_tpot_ms": offline(args.offline_l1, ("L1", "TPOT")),
                          "l1_ttft_ms": offline(args.offline_l1, ("L1", "TTFT")),

@@ -3,6 +3,8 @@
 256 requests, prompt lengths uniform in [100, 1024] (random.seed(0)), ids uniform in [0, 10000), exactly 512
 output tokens each at temperature 0.6, ignoring EOS. Peer: HF continuous batching (`model.generate_batch`) on the
 first --peer-requests requests. Example: python tools/bench_throughput.py --model /tmp/qwen3-0.6b-random
+T1 with penalties (issue 17: within 10% of T1 without): --penalties both --runs 3 alternates runs without and with
+repetition/presence/frequency penalties on every request in one process and prints the ratio of the medians.
 """
 
 from __future__ import annotations
@@ -50,6 +52,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--runs", type=int, default=1, help="ours: timed runs back to back in one process (median kept)")
     p.add_argument("--both-detok", action="store_true",
                    help="ours: alternate runs with and without detokenization (--runs of each)")
+    p.add_argument("--penalties", choices=("off", "on", "both"), default="off",
+                   help="ours: every request without penalties (off), with them (on), or alternate runs of both "
+                        "(--runs of each; reports with/without); default %(default)s")
+    p.add_argument("--repetition-penalty", type=float, default=1.1, help="with --penalties on/both")
+    p.add_argument("--presence-penalty", type=float, default=0.2, help="with --penalties on/both")
+    p.add_argument("--frequency-penalty", type=float, default=0.2, help="with --penalties on/both")
     return p.parse_args(argv)
 
 
@@ -103,33 +111,49 @@ def run_ours(args: argparse.Namespace, prompts: list[list[int]], device: torch.d
                          enable_prefix_caching=not args.no_prefix_caching)
         warm = prompts[: args.warmup_requests]
         warm_s = timed(lambda: ours_generate(llm, warm, 16, args.temperature), device)
-        modes = [True, False] if args.both_detok else [args.detokenize]
+        detok_modes = [True, False] if args.both_detok else [args.detokenize]
+        pen_modes = {"off": [False], "on": [True], "both": [False, True]}[args.penalties]
+        modes = [(d, pen) for d in detok_modes for pen in pen_modes]
+        penalties = {"repetition_penalty": args.repetition_penalty, "presence_penalty": args.presence_penalty,
+                     "frequency_penalty": args.frequency_penalty}
         timer = StepTimer(llm)
-        runs: dict[bool, list[dict[str, Any]]] = {m: [] for m in modes}
+        runs: dict[tuple[bool, bool], list[dict[str, Any]]] = {m: [] for m in modes}
         n_out = len(prompts) * args.output_len
         for i in range(max(1, args.runs)):
-            for detok in modes:
+            for detok, pen in modes:
                 llm.reset_prefix_cache()  # every run is T1 from scratch: no prompt is a cache hit
                 timer.reset()
                 kernels = _triton_cache_entries()
-                seconds = timed(lambda d=detok: ours_generate(llm, prompts, args.output_len, args.temperature, d),
-                                device)
+                extra = penalties if pen else {}
+                seconds = timed(lambda d=detok, e=extra: ours_generate(llm, prompts, args.output_len, args.temperature,
+                                                                      d, **e), device)
                 steps = timer.summary()
                 steps["new_triton_kernels"] = _triton_cache_entries() - kernels  # compiled during the run
-                runs[detok].append({"wall_s": seconds, "tok_s": n_out / seconds, "steps": steps})
-                print(f"  {OURS} run {i + 1} detokenize={detok}: {n_out / seconds:.1f} output tok/s "
+                runs[(detok, pen)].append({"wall_s": seconds, "tok_s": n_out / seconds, "steps": steps})
+                print(f"  {OURS} run {i + 1} detokenize={detok} penalties={pen}: {n_out / seconds:.1f} output tok/s "
                       f"(wall {seconds:.2f} s); {describe(steps)}; {steps['new_triton_kernels']} Triton kernels compiled",
                       flush=True)
         timer.close()
         main_mode = modes[0]
-        tok_s = statistics.median(r["tok_s"] for r in runs[main_mode])
+
+        def median(mode: tuple[bool, bool]) -> float:
+            return statistics.median(r["tok_s"] for r in runs[mode])
+
+        tok_s = median(main_mode)
         results[OURS] = {"requests": len(prompts), "output_tokens": n_out, "warmup_s": warm_s, "tok_s": tok_s,
-                         "detokenize": main_mode, "prompt_tokens": sum(map(len, prompts)),
-                         "runs": {f"detokenize={m}": r for m, r in runs.items()}}
+                         "detokenize": main_mode[0], "penalties": penalties if main_mode[1] else None,
+                         "prompt_tokens": sum(map(len, prompts)),
+                         "runs": {f"detokenize={d},penalties={pen}": r for (d, pen), r in runs.items()}}
         if args.both_detok:
-            results[OURS]["tok_s_no_detok"] = statistics.median(r["tok_s"] for r in runs[False])
+            results[OURS]["tok_s_no_detok"] = median((False, main_mode[1]))
+        if args.penalties == "both":
+            with_pen = median((main_mode[0], True))
+            results[OURS]["tok_s_penalties"] = with_pen
+            results[OURS]["penalties"] = penalties
+            print(f"  {OURS}: with penalties {penalties}: median {with_pen:.1f} output tok/s = "
+                  f"{with_pen / tok_s:.3f} x without ({tok_s:.1f})", flush=True)
         print(f"  {OURS}: {len(prompts)} requests, median {tok_s:.1f} output tok/s over {len(runs[main_mode])} "
-              f"run(s) (detokenize={main_mode}; warm-up {warm_s:.2f} s)", flush=True)
+              f"run(s) (detokenize={main_mode[0]}, penalties={main_mode[1]}; warm-up {warm_s:.2f} s)", flush=True)
 
     report.section(OURS, body)
     reset_compiled_state()

@@ -54,12 +54,14 @@ class SelfAttention(nn.Module):
         """hidden [T, hidden], cos/sin [T, 1, D/2] -> [T, hidden]."""
         t = hidden.shape[0]
         q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.reshape(t, self.num_heads, self.head_dim)  # [T, Hq, D]
-        k = k.reshape(t, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
+        # unflatten / clone rather than reshape / contiguous: on the strided split those ask whether T == 1,
+        # and torch.compile would then trace a second graph for one-token steps (capture/compiled.py)
+        q = q.unflatten(-1, (self.num_heads, self.head_dim))  # [T, Hq, D]
+        k = k.unflatten(-1, (self.num_kv_heads, self.head_dim))  # [T, Hkv, D]
         if self.q_norm is not None and self.k_norm is not None:
             q = self.q_norm(q)
             k = self.k_norm(k)
         q = apply_rotary(q, cos, sin).reshape(t, self.q_size)  # [T, Hq*D]
         k = apply_rotary(k, cos, sin).reshape(t, self.kv_size)  # [T, Hkv*D]
-        out = self.attn(q, k, v.contiguous())  # [T, Hq*D]
+        out = self.attn(q, k, v.clone(memory_format=torch.contiguous_format))  # [T, Hq*D]
         return self.o_proj(out)

@@ -78,6 +78,14 @@ class SamplingBatch:
     allowed: AllowedTokens | None = None
     bad_words: BadWordPrefixes | None = None
 
+    def full_graph_ok(self, penalties_in_graph: bool) -> bool:
+        """The FULL decode graph's sampling covers this batch: plain, or plain but for penalties when the graph
+        applies them (rows without penalties pass through it untouched)."""
+        if self.plain:
+            return True
+        return (penalties_in_graph and self.sparse is None and self.allowed is None and self.bad_words is None
+                and (self.all_greedy or not self.use_filters) and self.num_logprobs < 0)
+
     @property
     def plain(self) -> bool:
         """Only temperature/argmax sampling is needed: the stage a FULL decode graph contains."""

@@ -1,7 +1,8 @@
-"""Repetition / presence / frequency penalties (vLLM = HF semantics) applied in place to [B, V] float32 logits.
+"""Repetition / presence / frequency penalties (vLLM = HF semantics) applied in place to [B, V] float32 logits, from
+the persistent per-row statistics of graphrunner.penalty_counts (output counts, prompt bitmask): nothing is recounted.
 
-Triton: one kernel counts each row's history into a zeroed [B, V] int32 scratch (output tokens add 1, prompt tokens
-set bit 30), a second applies the formula per (row, vocab block). The PyTorch reference uses scatters. No host sync.
+The apply kernel (Triton) sits next to its PyTorch reference; `apply_penalties_history_ref` recounts a row's whole
+history instead, and is kept only as the reference the persistent statistics are tested against. No host sync.
 """
 
 from __future__ import annotations
@@ -12,17 +13,13 @@ import triton.language as tl
 from torch import Tensor
 
 from graphrunner.kernel_checks import check_tensor as _check
+from graphrunner.penalty_counts import PenaltyCounts, mask_words
 
-_BLOCK_L = 512  # history positions per iteration of one counting program
-_MAX_CHUNKS = 32  # counting programs per row at most (each strides over the history)
-_BLOCK_V = 1024  # vocab entries per apply program
-_SEEN_BIT = 1 << 30  # set in counts[b, v] when v occurs in the prompt; the low 30 bits count output occurrences
-_COUNT_MASK = _SEEN_BIT - 1
+_BLOCK_V = 2048  # vocab entries per apply program (a multiple of 32: one program reads whole mask words)
 
 
 
-
-def _check_args(
+def _check_history_args(
     logits: Tensor, idx_mapping: Tensor, token_ids: Tensor, prompt_len: Tensor, num_tokens: Tensor,
     repetition: Tensor, presence: Tensor, frequency: Tensor,
 ) -> None:
@@ -48,7 +45,7 @@ def _check_args(
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def apply_penalties_ref(
+def apply_penalties_history_ref(
     logits: Tensor,  # [B, V] float32, modified in place
     idx_mapping: Tensor,  # [B] int32
     token_ids: Tensor,  # [R, L] int32
@@ -58,8 +55,10 @@ def apply_penalties_ref(
     presence: Tensor,  # [R] float32
     frequency: Tensor,  # [R] float32
 ) -> None:
-    """PyTorch reference: scatter the gathered [B, L] history into [B, V + 1] (column V absorbs invalid positions)."""
-    _check_args(logits, idx_mapping, token_ids, prompt_len, num_tokens, repetition, presence, frequency)
+    """The recounting reference: scatter the gathered [B, L] history into [B, V + 1] (column V absorbs invalid
+    positions), then the formula. Same result as apply_penalties over statistics filled and updated from that
+    history; see apply_penalties for the semantics."""
+    _check_history_args(logits, idx_mapping, token_ids, prompt_len, num_tokens, repetition, presence, frequency)
     num_reqs, vocab_size = logits.shape
     max_len = token_ids.shape[1]
     if num_reqs == 0 or vocab_size == 0:
@@ -88,46 +87,61 @@ def apply_penalties_ref(
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Triton
+# From the persistent statistics: PyTorch reference and Triton
 # ---------------------------------------------------------------------------------------------------------------
 
 
-@triton.jit
-def _penalty_counts_kernel(
-    idx_mapping_ptr,  # [B] int32
-    token_ids_ptr,  # [R, L] int32
-    token_ids_stride,
-    prompt_len_ptr,  # [R] int32
-    num_tokens_ptr,  # [R] int32
-    rep_ptr,  # [R] float32
-    pres_ptr,  # [R] float32
-    freq_ptr,  # [R] float32
-    counts_ptr,  # [B, V] int32, zeroed
-    vocab_size,
-    max_len,
-    BLOCK_L: tl.constexpr,
-    NUM_CHUNKS: tl.constexpr,
-):
-    pid = tl.program_id(0)
-    chunk = tl.program_id(1)
-    row = tl.load(idx_mapping_ptr + pid).to(tl.int64)
-    rep = tl.load(rep_ptr + row)
-    active = (rep != 1.0) | (tl.load(pres_ptr + row) != 0.0) | (tl.load(freq_ptr + row) != 0.0)
-    pl = tl.load(prompt_len_ptr + row)
-    nt = tl.minimum(tl.load(num_tokens_ptr + row), max_len)
-    nt = tl.where(active, nt, 0)  # neutral rows count nothing
-    lo = tl.where(rep != 1.0, 0, tl.maximum(pl, 0))  # the prompt only matters to the repetition penalty
-    src = token_ids_ptr + row * token_ids_stride
-    dst = counts_ptr + pid.to(tl.int64) * vocab_size
-    offs = tl.arange(0, BLOCK_L)
-    for start in range(lo + chunk * BLOCK_L, nt, NUM_CHUNKS * BLOCK_L):
-        p = start + offs
-        m = p < nt
-        tok = tl.load(src + p, mask=m, other=0)
-        m = m & (tok >= 0) & (tok < vocab_size)  # ids outside the logits' vocab are ignored
-        out = p >= pl
-        tl.atomic_add(dst + tok, 1, mask=m & out, sem="relaxed")
-        tl.atomic_or(dst + tok, 1073741824, mask=m & ~out, sem="relaxed")  # _SEEN_BIT
+def _check_args(logits: Tensor, idx_mapping: Tensor, counts: Tensor, prompt_mask: Tensor, repetition: Tensor,
+                presence: Tensor, frequency: Tensor) -> None:
+    dev = logits.device
+    _check(logits, "logits", torch.float32, 2, dev)
+    _check(idx_mapping, "idx_mapping", torch.int32, 1, dev)
+    _check(counts, "output_counts", torch.int32, 2, dev)
+    _check(prompt_mask, "prompt_mask", torch.int32, 2, dev)
+    if idx_mapping.shape[0] != logits.shape[0]:
+        raise ValueError(f"idx_mapping has {idx_mapping.shape[0]} entries, logits has {logits.shape[0]} rows")
+    if counts.shape[1] != logits.shape[1]:
+        raise ValueError(f"output_counts covers a vocabulary of {counts.shape[1]}, logits have {logits.shape[1]} "
+                         "columns")
+    if prompt_mask.shape != (counts.shape[0], mask_words(counts.shape[1])):
+        raise ValueError(f"prompt_mask must be [{counts.shape[0]}, {mask_words(counts.shape[1])}] int32, got "
+                         f"{list(prompt_mask.shape)}")
+    if not (counts.is_contiguous() and prompt_mask.is_contiguous()):
+        raise ValueError("output_counts and prompt_mask must be contiguous")
+    for t, name in ((repetition, "repetition"), (presence, "presence"), (frequency, "frequency")):
+        _check(t, name, torch.float32, 1, dev)
+        if t.shape[0] != counts.shape[0]:
+            raise ValueError(f"{name} has {t.shape[0]} entries, output_counts has {counts.shape[0]} rows")
+
+
+def _formula(x: Tensor, seen: Tensor, counts: Tensor, rep: Tensor, pres: Tensor, freq: Tensor) -> Tensor:
+    """The penalties on x [B, V] float32: seen [B, V] bool (prompt or output), counts [B, V] int32 (outputs)."""
+    x_rep = torch.where(seen, torch.where(x > 0, x / rep, x * rep), x)
+    new = x_rep - (freq * counts.to(torch.float32) + pres * (counts > 0).to(torch.float32))
+    neutral = (rep == 1.0) & (pres == 0.0) & (freq == 0.0)  # [B, 1] bool
+    return torch.where(neutral, x, new)
+
+
+def apply_penalties_ref(
+    logits: Tensor,  # [B, V] float32, modified in place
+    idx_mapping: Tensor,  # [B] int32
+    counts: Tensor,  # [R, V] int32 output counts
+    prompt_mask: Tensor,  # [R, ceil(V / 32)] int32 prompt bitmask
+    repetition: Tensor,  # [R] float32
+    presence: Tensor,  # [R] float32
+    frequency: Tensor,  # [R] float32
+) -> None:
+    """PyTorch reference: gather the rows' statistics, unpack the bitmask, the formula."""
+    _check_args(logits, idx_mapping, counts, prompt_mask, repetition, presence, frequency)
+    num_reqs, vocab_size = logits.shape
+    if num_reqs == 0 or vocab_size == 0:
+        return
+    rows = idx_mapping.long()  # [B] int64
+    c = counts[rows]  # [B, V] int32
+    bits = (prompt_mask[rows, :, None] >> torch.arange(32, device=logits.device, dtype=torch.int32)) & 1  # [B, W, 32]
+    in_prompt = bits.reshape(num_reqs, -1)[:, :vocab_size].bool()  # [B, V] bool
+    logits.copy_(_formula(logits, in_prompt | (c > 0), c, repetition[rows, None], presence[rows, None],
+                          frequency[rows, None]))
 
 
 @triton.jit
@@ -139,69 +153,57 @@ def _apply_penalties_kernel(
     rep_ptr,  # [R] float32
     pres_ptr,  # [R] float32
     freq_ptr,  # [R] float32
-    counts_ptr,  # [B, V] int32
+    counts_ptr,  # [R, V] int32
+    mask_ptr,  # [R, W] int32
     vocab_size,
+    num_words,
     BLOCK_V: tl.constexpr,
 ):
     pid = tl.program_id(0)
-    offs = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
     row = tl.load(idx_mapping_ptr + pid).to(tl.int64)
     rep = tl.load(rep_ptr + row)
     pres = tl.load(pres_ptr + row)
     freq = tl.load(freq_ptr + row)
-    active = (rep != 1.0) | (pres != 0.0) | (freq != 0.0)
-    m = offs < tl.where(active, vocab_size, 0)  # neutral rows are neither read nor written: bit-identical
-    c = tl.load(counts_ptr + pid.to(tl.int64) * vocab_size + offs, mask=m, other=0)
-    ptrs = logits_ptr + pid.to(tl.int64) * stride_b + offs.to(tl.int64) * stride_v
-    x = tl.load(ptrs, mask=m, other=0.0)
-    cnt = c & 1073741823  # _COUNT_MASK
-    rep_v = tl.broadcast_to(rep, (BLOCK_V,))
-    x = tl.where(c != 0, tl.where(x > 0, tl.div_rn(x, rep_v), x * rep), x)  # IEEE division, as torch
-    x = x - (freq * cnt.to(tl.float32) + pres * (cnt > 0).to(tl.float32))
-    tl.store(ptrs, x, mask=m)
+    if (rep != 1.0) | (pres != 0.0) | (freq != 0.0):  # neutral rows are neither read nor written: bit-identical
+        offs = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
+        m = offs < vocab_size
+        c = tl.load(counts_ptr + row * vocab_size + offs, mask=m, other=0)
+        words = tl.program_id(1) * (BLOCK_V // 32) + tl.arange(0, BLOCK_V // 32)
+        packed = tl.load(mask_ptr + row * num_words + words, mask=words < num_words, other=0)
+        in_prompt = tl.reshape((packed[:, None] >> tl.arange(0, 32)[None, :]) & 1, (BLOCK_V,))
+        ptrs = logits_ptr + pid.to(tl.int64) * stride_b + offs.to(tl.int64) * stride_v
+        x = tl.load(ptrs, mask=m, other=0.0)
+        rep_v = tl.broadcast_to(rep, (BLOCK_V,))
+        x = tl.where((in_prompt != 0) | (c > 0), tl.where(x > 0, tl.div_rn(x, rep_v), x * rep), x)  # IEEE division
+        x = x - (freq * c.to(tl.float32) + pres * (c > 0).to(tl.float32))
+        tl.store(ptrs, x, mask=m)
 
 
-def apply_penalties_triton(
-    logits: Tensor, idx_mapping: Tensor, token_ids: Tensor, prompt_len: Tensor, num_tokens: Tensor,
-    repetition: Tensor, presence: Tensor, frequency: Tensor,
-) -> None:
-    """Triton version: a memset of the [B, V] int32 scratch, then the counting and the apply kernels."""
-    _check_args(logits, idx_mapping, token_ids, prompt_len, num_tokens, repetition, presence, frequency)
+def apply_penalties_triton(logits: Tensor, idx_mapping: Tensor, counts: Tensor, prompt_mask: Tensor,
+                           repetition: Tensor, presence: Tensor, frequency: Tensor) -> None:
+    """Triton version: one program per (batch row, vocab block); neutral rows return at once."""
+    _check_args(logits, idx_mapping, counts, prompt_mask, repetition, presence, frequency)
     num_reqs, vocab_size = logits.shape
-    max_len = token_ids.shape[1]
     if num_reqs == 0 or vocab_size == 0:
         return
-    idx_mapping = idx_mapping.contiguous()
-    repetition, presence, frequency = repetition.contiguous(), presence.contiguous(), frequency.contiguous()
-    counts = torch.zeros(num_reqs, vocab_size, dtype=torch.int32, device=logits.device)  # [B, V] int32
-    if max_len > 0:
-        num_chunks = min(triton.cdiv(max_len, _BLOCK_L), _MAX_CHUNKS)
-        _penalty_counts_kernel[(num_reqs, num_chunks)](
-            idx_mapping, token_ids, token_ids.stride(0), prompt_len.contiguous(), num_tokens.contiguous(),
-            repetition, presence, frequency, counts, vocab_size, max_len, BLOCK_L=_BLOCK_L, NUM_CHUNKS=num_chunks,
-        )
-    block_v = min(_BLOCK_V, triton.next_power_of_2(vocab_size))
+    block_v = min(_BLOCK_V, max(32, triton.next_power_of_2(vocab_size)))
     _apply_penalties_kernel[(num_reqs, triton.cdiv(vocab_size, block_v))](
-        logits, logits.stride(0), logits.stride(1), idx_mapping, repetition, presence, frequency, counts,
-        vocab_size, BLOCK_V=block_v, enable_fp_fusion=False,  # no FMA: bit-equal to torch's mul-then-add
+        logits, logits.stride(0), logits.stride(1), idx_mapping.contiguous(), repetition.contiguous(),
+        presence.contiguous(), frequency.contiguous(), counts, prompt_mask, vocab_size, prompt_mask.shape[1],
+        BLOCK_V=block_v, enable_fp_fusion=False,  # no FMA: bit-equal to torch's mul-then-add
     )
 
 
 def apply_penalties(
     logits: Tensor,  # [B, V] float32, modified in place
     idx_mapping: Tensor,  # [B] int32: state-table row of batch row b
-    token_ids: Tensor,  # [R, L] int32 persistent history (prompt then outputs)
-    prompt_len: Tensor,  # [R] int32
-    num_tokens: Tensor,  # [R] int32 valid history length (prompt + outputs so far)
-    repetition: Tensor,  # [R] float32, 1.0 = off
-    presence: Tensor,  # [R] float32, 0.0 = off
-    frequency: Tensor,  # [R] float32, 0.0 = off
+    pen: PenaltyCounts,  # the rows' output counts, prompt bitmask and parameters
     use_triton: bool,
 ) -> None:
-    """For batch row b (r = idx_mapping[b]) and every vocab id v: if v occurs in token_ids[r, :num_tokens[r]],
+    """For batch row b (r = idx_mapping[b]) and every vocab id v: if v occurs in r's prompt or outputs,
     logit = logit / rep if logit > 0 else logit * rep; then logit -= freq * count[v] + pres * (count[v] > 0), count
-    over the outputs token_ids[r, prompt_len[r]:num_tokens[r]]. Rows with all three parameters neutral are untouched;
-    history ids outside [0, V) are ignored. Unchecked (checking would sync): idx_mapping values lie in [0, R).
+    over r's outputs. Rows with all three parameters neutral are untouched (so their statistics are never read).
+    Unchecked (checking would sync): idx_mapping values lie in [0, R).
     """
     fn = apply_penalties_triton if use_triton else apply_penalties_ref
-    fn(logits, idx_mapping, token_ids, prompt_len, num_tokens, repetition, presence, frequency)
+    fn(logits, idx_mapping, pen.output_counts, pen.prompt_mask, pen.repetition, pen.presence, pen.frequency)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from graphrunner.penalty_counts import PenaltyCounts
 from graphrunner.sampling import gumbel_split
 from graphrunner.sampling.batch import SamplingBatch
 from graphrunner.sampling.filters import apply_filters
@@ -31,16 +32,27 @@ class SamplerOutput:
     logprobs: LogprobsTensors | None     # for the sampled tokens, when any request asked
 
 
+def _penalty_counts(state: StateTable) -> PenaltyCounts:
+    if state.penalties is None:
+        raise ValueError("a batch with penalties needs the state table's penalty statistics (built without "
+                         "vocab_size)")
+    return state.penalties
+
+
 def run_sampler(logits: torch.Tensor, batch: SamplingBatch, state: StateTable, use_triton: bool,
                 logprobs_mode: str = "raw_logprobs") -> SamplerOutput:
     """logits [B, V] float32 (owned by the caller's step; modified in place)."""
     idx = batch.idx_mapping
     raw_logprobs = batch.num_logprobs >= 0 and logprobs_mode == "raw_logprobs"
-    untouched = (batch.allowed is None and batch.sparse is None and batch.bad_words is None
-                 and not batch.use_penalties)
+    untouched = batch.allowed is None and batch.sparse is None and batch.bad_words is None
     fast = batch.all_greedy or not (batch.use_filters or (batch.num_logprobs >= 0 and not raw_logprobs))
-    if use_triton and untouched and fast and gumbel_split.SPLIT_SAMPLE_ENABLED:
-        # The logits reach the Gumbel kernel unedited: its vocab-split pass checks them for NaN/inf too.
+    if use_triton and untouched and fast and gumbel_split.SPLIT_SAMPLE_ENABLED and not (
+            batch.use_penalties and batch.num_logprobs >= 0):
+        # The logits reach the Gumbel kernel unedited, or penalised only (the FULL decode graph's stages): its
+        # vocab-split pass checks them for NaN/inf too. Penalties keep NaN/inf non-finite and finite logits finite,
+        # short of overflowing one past 3.4e38 (docs/DECISIONS.md).
+        if batch.use_penalties:
+            apply_penalties(logits, idx, _penalty_counts(state), use_triton)
         sampled, nonfinite = gumbel_split.sample_split_triton(logits, idx, state.temperature, state.seeds,
                                                               state.num_tokens)
         # Unedited logits are both the raw and the processed ones (greedy rows are not divided by temperature).
@@ -55,8 +67,7 @@ def run_sampler(logits: torch.Tensor, batch: SamplingBatch, state: StateTable, u
     if batch.bad_words is not None:
         apply_bad_word_prefixes(logits, batch.bad_words, state.token_ids, state.prompt_len, state.num_tokens)
     if batch.use_penalties:
-        apply_penalties(logits, idx, state.token_ids, state.prompt_len, state.num_tokens, state.repetition_penalty,
-                        state.presence_penalty, state.frequency_penalty, use_triton)
+        apply_penalties(logits, idx, _penalty_counts(state), use_triton)
     processed_logprobs = batch.num_logprobs >= 0 and raw is None
     if batch.all_greedy or not (batch.use_filters or processed_logprobs):
         # Fast path: the Gumbel kernel applies temperature itself (0 = exact argmax).

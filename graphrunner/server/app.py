@@ -197,7 +197,7 @@ class _Server:
 def build_app(llm: AsyncLLM, served_model_name: str | None = None, api_key: str | None = None) -> FastAPI:
     """The FastAPI app; its lifespan shuts the AsyncLLM down (in-flight requests aborted) when the server stops."""
     server = _Server(llm, served_model_name or str(llm.config.model_dir))
-    llm.stats.labels["model_name"] = server.model_name  # vLLM labels its metrics with the served name
+    llm.set_metrics_label("model_name", server.model_name)  # vLLM labels its metrics with the served name
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

@@ -46,8 +46,9 @@ def verify_sample(logits: torch.Tensor, batch: SamplingBatch, layout: SpecLayout
     if batch.bad_words is not None:
         apply_bad_word_prefixes(logits, batch.bad_words, state.token_ids, state.prompt_len, state.num_tokens)
     if batch.use_penalties:  # only requests without drafts use penalties: their one row sees the exact history
-        apply_penalties(logits, idx, state.token_ids, state.prompt_len, state.num_tokens, state.repetition_penalty,
-                        state.presence_penalty, state.frequency_penalty, use_triton)
+        if state.penalties is None:
+            raise ValueError("a batch with penalties needs the state table's penalty statistics")
+        apply_penalties(logits, idx, state.penalties, use_triton)
     rows = idx_mapping.long()  # [B] int64
     temperature = state.temperature.index_select(0, rows)  # [B] float32
     if not batch.all_greedy and (batch.use_filters or (batch.num_logprobs >= 0 and raw is None)):

@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from graphrunner.penalty_counts import PenaltyCounts, add_output_counts
+
 
 def write_tail(token_ids: Tensor, rows: Tensor, start: Tensor, values: Tensor, count: Tensor) -> None:
     """token_ids[rows[b], start[b] + j] = values[b, j] for j < count[b] (count already fits the row). Columns not
@@ -33,10 +35,12 @@ def post_update_spec(
     token_ids: Tensor,  # [R, L] int32, in place
     num_computed: Tensor,  # [R] int32, in place
     num_tokens: Tensor,  # [R] int32, in place
+    penalties: PenaltyCounts | None = None,  # output counts, in place
 ) -> None:
     """num_computed[row] += num_scheduled - num_spec + num_accepted (the rejected drafts' KV is garbage, later
     overwritten); when that reaches num_tokens[row] (the step ended on the row's last known token) the emitted run
-    output_ids[b, :num_accepted + 1] is appended to the history (as far as the row has room)."""
+    output_ids[b, :num_accepted + 1] is appended to the history (as far as the row has room), and counted in the
+    penalty statistics of rows that use a penalty."""
     if idx_mapping.shape[0] == 0:
         return
     rows = idx_mapping.long()  # [B] int64
@@ -47,6 +51,8 @@ def post_update_spec(
     emit = torch.where(nc >= nt, num_accepted.long() + 1, 0).minimum(room)  # [B] int64
     write_tail(token_ids, rows, nt, output_ids, emit)
     num_tokens[rows] = (nt + emit).to(torch.int32)
+    if penalties is not None:
+        add_output_counts(idx_mapping, output_ids, emit, penalties)
 
 
 def write_drafts(

@@ -1,0 +1,221 @@
+"""The engine loop in its own process (vLLM's EngineCore process): the model, scheduler and detokenization run
+where no HTTP or asyncio work competes for the GIL. A spawn'd child steps an EngineCore and sends each step's
+delta outputs through a pipe; in the server process, ProcessCore sends commands and a reader thread hands outputs
+and replies on. Either side ending (crash, kill, shutdown) ends the other cleanly: never a hang.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import itertools
+import logging
+import multiprocessing
+import pickle
+import signal
+import threading
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from typing import Any
+
+from graphrunner.config import EngineConfig
+from graphrunner.engine_core import AddRequest, EngineCore, EngineDead
+from graphrunner.outputs import RequestOutput
+
+logger = logging.getLogger(__name__)
+
+# front -> core: ("add", token, AddRequest) | ("abort", token | None, request_id) | ("stats", token, None)
+#                | ("label", None, (name, value)) | ("stop", None, "abort" | "finish")
+# core -> front: ("ready", None, None) | ("out", None, [RequestOutput]) | ("reply", token, result)
+#                | ("error", token, Exception) | ("dead", None, BaseException)
+
+
+def _picklable(exc: BaseException) -> BaseException:
+    try:
+        pickle.dumps(exc)
+        return exc
+    except Exception:  # noqa: BLE001 -- an exception carrying unpicklable state: keep its text
+        return RuntimeError(f"{type(exc).__name__}: {exc}")
+
+
+def run_engine_core(config: EngineConfig, conn: Connection, max_waiting_requests: int | None) -> None:
+    """The child's main: build the engine, say ready, then loop until told to stop or the parent is gone."""
+    # A SIGTERM or Ctrl-C sent to the whole process group (systemd, a terminal) is the server's to handle: it
+    # drains its streams and then stops this loop. Killed outright, the child still ends: its pipe reads EOF.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s engine-core: %(message)s")
+    try:
+        from graphrunner.engine import Engine
+
+        core = EngineCore(Engine(config), max_waiting_requests, lambda outs: conn.send(("out", None, outs)))
+    except BaseException as exc:  # noqa: BLE001 -- the parent shows why the engine could not start
+        conn.send(("dead", None, _picklable(exc)))
+        return
+    conn.send(("ready", None, None))
+    reason: BaseException = EngineDead("the engine was shut down")
+    try:
+        _loop(core, conn)
+    except EOFError:  # the server process is gone: nobody to serve
+        core.abort_all()
+        core.shutdown()
+        return
+    except BaseException as exc:  # never die silently
+        logger.exception("the engine-core loop failed")
+        reason = exc
+    core.shutdown()
+    try:
+        conn.send(("dead", None, _picklable(reason)))
+    except OSError:
+        pass
+
+
+def _loop(core: EngineCore, conn: Connection) -> None:
+    stop: str | None = None
+    while True:
+        # block for a command only when idle; between steps take whatever has arrived
+        if stop is None and not core.has_work():
+            conn.poll(None)
+        while conn.poll(0):
+            kind, token, arg = conn.recv()
+            if kind == "add":
+                try:
+                    conn.send(("reply", token, core.add(arg)))
+                except Exception as exc:  # noqa: BLE001 -- ValueError, QueueFull: the caller gets it
+                    conn.send(("error", token, _picklable(exc)))
+            elif kind == "abort":
+                core.abort(arg)
+                if token is not None:
+                    conn.send(("reply", token, None))
+            elif kind == "stats":
+                conn.send(("reply", token, core.prometheus_text()))
+            elif kind == "label":
+                core.set_metrics_label(*arg)
+            elif kind == "stop":
+                stop = "abort" if arg == "abort" or stop == "abort" else "finish"
+        if stop == "abort":
+            core.abort_all()
+        if stop is not None and not core.has_work():
+            return
+        if core.has_work():
+            core.step()
+
+
+class ProcessCore:
+    """The server side of the engine-core process (AsyncLLM's CoreClient). Starting it waits until the model is
+    loaded (or raises the child's error)."""
+
+    def __init__(self, config: EngineConfig, max_waiting_requests: int | None,
+                 deliver: Callable[[list[RequestOutput]], None], die: Callable[[BaseException], None]) -> None:
+        self._deliver, self._die = deliver, die
+        ctx = multiprocessing.get_context("spawn")  # CUDA cannot be forked
+        self._conn, child_conn = ctx.Pipe()
+        # not a daemon: tensor-parallel workers are its children, and daemons may have none
+        self._proc = ctx.Process(target=run_engine_core, args=(config, child_conn, max_waiting_requests),
+                                 name="graphrunner-engine-core", daemon=False)
+        self._proc.start()
+        child_conn.close()  # so that a dead child reads as EOF here
+        self._send_lock = threading.Lock()
+        self._pending: dict[int, tuple[str, concurrent.futures.Future[Any]]] = {}
+        self._tokens = itertools.count()
+        self._dead: BaseException | None = None
+        self._stopping = False
+        try:
+            kind, _, arg = self._conn.recv()
+        except EOFError:
+            self._proc.join(5)
+            raise RuntimeError(f"the engine-core process exited with code {self._proc.exitcode} while starting"
+                               ) from None
+        if kind != "ready":
+            self._proc.join(30)
+            raise RuntimeError(f"the engine-core process could not start: {arg}") from arg
+        self._reader = threading.Thread(target=self._read, name="graphrunner-engine-core-reader", daemon=True)
+        self._reader.start()
+
+    # -- CoreClient --------------------------------------------------------------------------------
+    def add(self, command: AddRequest, future: concurrent.futures.Future[str]) -> None:
+        self._call("add", command, future)
+
+    def abort(self, request_id: str, future: concurrent.futures.Future[Any] | None) -> None:
+        if future is None:
+            self._send(("abort", None, request_id))
+        else:
+            self._call("abort", request_id, future)
+
+    def prometheus_text(self) -> str:
+        future: concurrent.futures.Future[str] = concurrent.futures.Future()
+        self._call("stats", None, future)
+        return future.result(timeout=60)
+
+    def set_metrics_label(self, name: str, value: str) -> None:
+        self._send(("label", None, (name, value)))
+
+    def is_alive(self) -> bool:
+        return self._dead is None and not self._stopping and self._proc.is_alive()
+
+    def shutdown(self, abort: bool, timeout: float | None) -> None:
+        self._stopping = True
+        self._send(("stop", None, "abort" if abort else "finish"))
+        self._proc.join(timeout)
+        if self._proc.is_alive():
+            logger.warning("the engine-core process did not stop within %s s: terminating it", timeout)
+            self._proc.terminate()
+            self._proc.join(10)
+        self._reader.join(10)
+
+    # -- plumbing ----------------------------------------------------------------------------------
+    def _call(self, kind: str, arg: Any, future: concurrent.futures.Future[Any]) -> None:
+        token = next(self._tokens)
+        self._pending[token] = (kind, future)
+        if not self._send((kind, token, arg)):
+            self._pending.pop(token, None)
+            _resolve(kind, future, EngineDead(f"the engine-core process is not running ({self._dead or 'shut down'})"))
+
+    def _send(self, message: tuple[Any, str | int | None, Any]) -> bool:
+        if self._dead is not None:
+            return False
+        try:
+            with self._send_lock:
+                self._conn.send(message)
+            return True
+        except (OSError, EOFError):  # the child is gone: the reader reports why
+            return False
+
+    def _read(self) -> None:
+        reason: BaseException = EngineDead("the engine was shut down")
+        try:
+            while True:
+                kind, token, arg = self._conn.recv()
+                if kind == "out":
+                    self._deliver(arg)
+                elif kind in ("reply", "error"):
+                    entry = self._pending.pop(token, None)
+                    if entry is not None:
+                        _resolve(entry[0], entry[1], arg if kind == "error" else None, arg)
+                elif kind == "dead":
+                    reason = arg
+                    break
+        except (EOFError, OSError):
+            self._proc.join(5)
+            if not self._stopping:
+                reason = EngineDead(f"the engine-core process exited unexpectedly (exit code {self._proc.exitcode})")
+                logger.error("%s", reason)
+        except BaseException as exc:  # never die silently
+            logger.exception("the engine-core reader failed")
+            reason = exc
+        self._dead = reason
+        pending, self._pending = self._pending, {}
+        for kind, future in pending.values():
+            _resolve(kind, future, EngineDead(f"the engine-core process is not running ({reason})"))
+        self._die(reason)
+
+
+def _resolve(kind: str, future: concurrent.futures.Future[Any], error: BaseException | None,
+             result: Any = None) -> None:
+    """Settle a caller's future (one its caller cancelled is left alone); an abort never fails: the request is
+    gone either way."""
+    if not future.set_running_or_notify_cancel():
+        return
+    if error is not None and kind != "abort":
+        future.set_exception(error)
+    else:
+        future.set_result(result)
