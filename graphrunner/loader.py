@@ -110,8 +110,8 @@ def iter_checkpoint(files: Iterable[Path]) -> Iterator[tuple[str, torch.Tensor]]
                 yield key, tensor
 
 
-def _is_ignored(key: str, tied: bool) -> bool:
-    if key.endswith("rotary_emb.inv_freq"):
+def _is_ignored(key: str, tied: bool, shared: tuple[str, ...] = ()) -> bool:
+    if key.endswith("rotary_emb.inv_freq") or key in shared:
         return True
     return tied and key == "lm_head.weight"
 
@@ -124,10 +124,12 @@ def load_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]]) 
     shard_of = {shard: (fused, i) for fused, shards in packed.items() for i, shard in enumerate(shards)}
     config = getattr(model, "config", None)
     tied = bool(getattr(config, "tie_word_embeddings", False))
+    # weights a model takes from another (an EAGLE head's embedding and LM head are the target's): not loaded
+    shared: tuple[str, ...] = tuple(getattr(model, "shared_checkpoint_weights", ()))
     loaded: dict[str, set[int]] = {}  # param name -> loaded shard indices (-1 = the whole parameter)
     unexpected: list[str] = []
     for key, tensor in weights:
-        if _is_ignored(key, tied):
+        if _is_ignored(key, tied, shared):
             continue
         parts = key.split(".")
         target, shard = key, -1

@@ -30,6 +30,7 @@ from graphrunner.sampling.vocab_parallel import SHARD_SAMPLING_ENABLED, sample_v
 from graphrunner.scheduler import SchedulerOutput
 from graphrunner.spec_config import SpeculativeConfig
 from graphrunner.spec_decode.draft_model import DraftModel, DraftModelProposer
+from graphrunner.spec_decode.eagle import EagleDraft, EagleProposer
 from graphrunner.spec_decode.layout import SpecLayout, build_spec_layout, uniform_spec_layout
 from graphrunner.spec_decode.proposer import NgramProposer
 from graphrunner.spec_decode.sampler import verify_sample
@@ -73,7 +74,7 @@ class ModelRunner:
     def __init__(self, model: nn.Module, model_state: ModelState, kv_cache: torch.Tensor, state: StateTable,
                  use_triton: bool, logprobs_mode: str = "raw_logprobs", attention_backend: str = "reference",
                  max_num_tokens: int = 8192, speculative: SpeculativeConfig | None = None,
-                 draft: DraftModel | None = None) -> None:
+                 draft: DraftModel | EagleDraft | None = None) -> None:
         self.model = model
         self.model_state = model_state
         self.kv_cache = kv_cache  # [num_layers, 2, num_blocks, block_size, Hkv, D]
@@ -91,11 +92,15 @@ class ModelRunner:
                                    state.block_table.shape[1], self.device, state.padding_row)
         self.graphs: GraphDispatcher | None = None  # set once the capture manager has captured
         self._drafting = True  # this step's scheduler had speculation on
-        self.proposer: NgramProposer | DraftModelProposer | None = None
+        self.proposer: NgramProposer | DraftModelProposer | EagleProposer | None = None
         if speculative is not None and speculative.method == "ngram":
             self.proposer = NgramProposer(speculative, state, use_triton)
+        elif speculative is not None and speculative.method == "eagle":
+            if not isinstance(draft, EagleDraft):
+                raise ValueError("speculative method 'eagle' needs the EAGLE head (runner built without it)")
+            self.proposer = EagleProposer(speculative, draft, model, state, use_triton, attention_backend)
         elif speculative is not None:
-            if draft is None:
+            if not isinstance(draft, DraftModel):
                 raise ValueError("speculative method 'draft_model' needs the draft model (runner built without it)")
             self.proposer = DraftModelProposer(speculative, draft, state, use_triton, attention_backend)
 
@@ -112,7 +117,7 @@ class ModelRunner:
         hidden = self._forward(batch, inputs)                                    # [T, hidden]
         sampled = self._sample(hidden.index_select(0, inputs.logits_indices), batch.sampling)
         self._update(batch.idx_mapping, batch.num_scheduled, sampled.sampled)
-        self._propose(batch.idx_mapping, batch.shape.seq_lens)
+        self._propose(batch.idx_mapping, inputs, self._forward_shape(batch), hidden)
         return self.outputs.launch(StepOutput(sampled.sampled, sampled.nonfinite, sampled.logprobs,
                                               self._prompt_logprobs(batch, hidden),
                                               batch.prompt_logprobs.spans if batch.prompt_logprobs else ()))
@@ -171,9 +176,14 @@ class ModelRunner:
                               self.state.block_table, self.block_size, n_tok, cols, self.use_triton,
                               out=self.buffers.views(batch.num_reqs, n_tok, cols))
 
+    @staticmethod
+    def _forward_shape(batch: StepBatch) -> StepShape:
+        """The shape of this step's forward: its padded token count, its exact rows."""
+        return StepShape(batch.num_reqs, batch.plan.num_tokens, batch.shape.query_lens, batch.shape.seq_lens)
+
     def _forward(self, batch: StepBatch, inputs: StepInputs) -> torch.Tensor:
         """The model over this step's tokens (padding included); returns the hidden states [T_pad, hidden]."""
-        shape = StepShape(batch.num_reqs, batch.plan.num_tokens, batch.shape.query_lens, batch.shape.seq_lens)
+        shape = self._forward_shape(batch)
         mode = self.graphs.forward_mode(batch.plan) if self.graphs is not None else nullcontext()
         with mode:
             hidden = self.run_model(inputs, shape)
@@ -195,17 +205,24 @@ class ModelRunner:
                             self.logprobs_mode)
         post_update_spec(batch.idx_mapping, batch.num_scheduled, spec.num_spec, out.output_ids, out.num_accepted,
                          self.state.token_ids, self.state.num_computed, self.state.num_tokens, self.state.penalties)
-        self._propose(batch.idx_mapping, batch.shape.seq_lens)
+        self._propose(batch.idx_mapping, inputs, self._forward_shape(batch), hidden)
         plp = batch.prompt_logprobs
         return StepOutput(out.output_ids[:, 0].contiguous(), out.nonfinite, out.logprobs,
                           self._prompt_logprobs(batch, hidden), plp.spans if plp else (),
                           SpecTensors(out.output_ids, out.num_accepted, out.num_drafts, spec.first_row))
 
-    def _propose(self, idx_mapping: torch.Tensor, seq_lens: tuple[int, ...] = ()) -> None:
-        """Drafts for the next step, after the post-update (seq_lens: the step's host upper bounds)."""
+    def _propose(self, idx_mapping: torch.Tensor, inputs: StepInputs, shape: StepShape, hidden: torch.Tensor,
+                 drafting: bool | None = None) -> None:
+        """Drafts for the next step, after the post-update. inputs / shape / hidden [T, hidden]: the step's forward
+        (shape.seq_lens: the host upper bounds of each row's num_computed). drafting: None = this step's scheduler
+        had speculation on (a captured graph passes it fixed)."""
+        drafting = self._drafting if drafting is None else drafting
         if isinstance(self.proposer, DraftModelProposer):
-            if self._drafting:  # k draft-model forwards: skipped while speculation is disabled by batch size
-                self.proposer.propose(idx_mapping, seq_lens)
+            if drafting:  # k draft-model forwards: skipped while speculation is disabled by batch size
+                self.proposer.propose(idx_mapping, shape.seq_lens)
+        elif isinstance(self.proposer, EagleProposer):
+            # the head always observes (its KV must cover every position); it drafts only while speculation is on
+            self.proposer.propose(idx_mapping, inputs, shape, hidden, drafting)
         elif self.proposer is not None:
             self.proposer.propose(idx_mapping)
 
@@ -312,9 +329,9 @@ class ModelRunner:
         out = self._sample(hidden.index_select(0, inputs.logits_indices), sampling)
         self._update(idx, counts, out.sampled)
         # a plain decode graph drafts nothing with a model (speculation was off for the step; stale drafts stay
-        # valid proposals); a mixed one does (a prefill that just ended verifies next)
-        if mixed or not isinstance(self.proposer, DraftModelProposer):
-            self._propose(idx, shape.seq_lens)
+        # valid proposals; an EAGLE head still observes); a mixed one does (a prefill that just ended verifies next)
+        self._propose(idx, inputs, shape, hidden,
+                      drafting=mixed or not isinstance(self.proposer, (DraftModelProposer, EagleProposer)))
         return out.sampled, out.nonfinite
 
     def full_verify_body(self, num_reqs: int, num_splits: int) -> tuple[torch.Tensor, ...]:
@@ -337,7 +354,7 @@ class ModelRunner:
                             self.state, self.use_triton)
         post_update_spec(idx, counts, layout.num_spec, out.output_ids, out.num_accepted, self.state.token_ids,
                          self.state.num_computed, self.state.num_tokens, self.state.penalties)
-        self._propose(idx, shape.seq_lens)
+        self._propose(idx, inputs, shape, hidden, drafting=True)
         return out.output_ids[:, 0].contiguous(), out.nonfinite, out.output_ids, out.num_accepted, out.num_drafts
 
     def capture_bodies(self) -> StepBodies:

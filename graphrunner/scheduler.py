@@ -72,8 +72,10 @@ class Scheduler:
                  spec: SpeculativeConfig | None = None) -> None:
         self.config = config
         self.spec = spec
-        # a draft model writes its KV k positions past a row's last token after each step: blocks are kept ahead
-        self.lookahead = spec.num_speculative_tokens if spec is not None and spec.method == "draft_model" else 0
+        # a draft model (an EAGLE head) writes its KV up to k positions past a row's last token after each step:
+        # blocks are kept ahead
+        self.lookahead = (spec.num_speculative_tokens if spec is not None and spec.method in ("draft_model", "eagle")
+                          else 0)
         self.pool = pool
         self.block_size = block_size
         self.rows = RowFreeList(config.max_num_seqs)
@@ -195,7 +197,12 @@ class Scheduler:
             return []
         known = req.num_host_tokens
         self._extend_hashes(req, known)
-        return self.pool.lookup(req.block_hashes[:(known - 1) // self.block_size])
+        hits = self.pool.lookup(req.block_hashes[:(known - 1) // self.block_size])
+        if self.spec is not None and self.spec.method == "eagle":
+            # an EAGLE head's KV at a block's last position was computed from the token after the block, which the
+            # block's key does not cover: the last hit is recomputed (as vLLM does), its head KV then this request's
+            return hits[:-1]
+        return hits
 
     def _extend_hashes(self, req: Request, num_tokens: int) -> None:
         """Keys of req's full blocks within its first num_tokens tokens; hashes only the blocks still missing."""

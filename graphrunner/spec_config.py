@@ -1,7 +1,7 @@
 """Speculative decoding configuration, vLLM's `speculative_config` dict resolved and validated.
 
-Prompt lookup (`method="ngram"`) and a draft model (`method="draft_model"`, eager drafting) are built; EAGLE is
-refused with a clear message.
+Prompt lookup (`method="ngram"`), a draft model (`method="draft_model"`) and an EAGLE-1 head (`method="eagle"`,
+`model` = the head's directory) are built.
 """
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-SPEC_METHODS = ("ngram", "draft_model")
+SPEC_METHODS = ("ngram", "draft_model", "eagle")
+MODEL_METHODS = ("draft_model", "eagle")  # the methods that load a model from `model`
 _KNOWN_KEYS = {"method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "disable_by_batch_size",
                "model"}
 MAX_SPEC_TOKENS = 16  # a verify step is 1 + k tokens per request: beyond this the waste dominates
@@ -23,9 +24,9 @@ def _positive_int(name: str, value: Any) -> int:
 
 @dataclass(frozen=True)
 class SpeculativeConfig:
-    """method: "ngram" or "draft_model"; k drafts per verify step; n-gram lengths tried from prompt_lookup_max
+    """method: "ngram", "draft_model" or "eagle"; k drafts per verify step; n-gram lengths tried from prompt_lookup_max
     down to prompt_lookup_min; no drafts are scheduled in a step whose running batch has >= disable_by_batch_size
-    requests (None: never disabled); model: the draft model's directory (draft_model only)."""
+    requests (None: never disabled); model: the draft model's (draft_model) or EAGLE head's (eagle) directory."""
 
     method: str = "ngram"
     num_speculative_tokens: int = 3
@@ -36,11 +37,11 @@ class SpeculativeConfig:
 
     def __post_init__(self) -> None:
         if self.method not in SPEC_METHODS:
-            raise ValueError(f"speculative_config method {self.method!r} is not supported; built: {list(SPEC_METHODS)} "
-                             f"(eagle is not built yet)")
-        if (self.method == "draft_model") != (self.model is not None):
-            raise ValueError("speculative_config 'model' (the draft model's directory) is needed by method "
-                             "'draft_model' and only by it")
+            raise ValueError(f"speculative_config method {self.method!r} is not supported; built: {list(SPEC_METHODS)}")
+        if (self.method in MODEL_METHODS) != (self.model is not None):
+            raise ValueError(f"speculative_config 'model' (the draft model's or EAGLE head's directory) is needed by "
+                             f"methods {list(MODEL_METHODS)} and only by them; method {self.method!r} "
+                             f"{'needs it' if self.method in MODEL_METHODS else 'takes none'}")
         _positive_int("num_speculative_tokens", self.num_speculative_tokens)
         if self.num_speculative_tokens > MAX_SPEC_TOKENS:
             raise ValueError(f"speculative_config num_speculative_tokens must be <= {MAX_SPEC_TOKENS}, "
@@ -68,8 +69,7 @@ class SpeculativeConfig:
         if method is None:
             raise ValueError("speculative_config needs a 'method' (e.g. 'ngram')")
         if method not in SPEC_METHODS:
-            raise ValueError(f"speculative_config method {method!r} is not supported; built: {list(SPEC_METHODS)} "
-                             f"(eagle is not built yet)")
+            raise ValueError(f"speculative_config method {method!r} is not supported; built: {list(SPEC_METHODS)}")
         model = raw.get("model")
         if model is not None and not isinstance(model, str):
             model = str(model)  # a Path

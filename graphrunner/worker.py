@@ -20,8 +20,10 @@ from graphrunner.loader import load_model
 from graphrunner.parallel_state import min_across_ranks, rank_kv_config
 from graphrunner.runner import ModelRunner
 from graphrunner.spec_decode.draft_model import DraftModel
+from graphrunner.spec_decode.eagle import EagleDraft
 from graphrunner.state_table import StateTable
 from model_states import ModelState, get_model_state
+from model_states.eagle import EagleModelState
 
 CPU_KV_CAP_BYTES = 256 << 20  # a laptop-sized default; num_gpu_blocks_override raises it
 # The pool measured with the largest graphs, plus room for the smaller graphs' own outputs and
@@ -61,7 +63,7 @@ def choose_num_blocks(config: EngineConfig, peak_bytes: int = 0, reserved_bytes:
     cache, sc = config.cache, config.scheduler
     per_block = kv_bytes_per_block(rank_kv_config(config.model), cache.block_size, config.dtype)
     spec = config.speculative
-    if spec is not None and spec.model is not None:  # a draft model keeps a cache of as many blocks
+    if spec is not None and spec.model is not None:  # a draft model (EAGLE head) keeps a cache of as many blocks
         per_block += kv_bytes_per_block(ModelConfig.from_dir(spec.model), cache.block_size, config.dtype)
     if cache.num_blocks is not None:
         return cache.num_blocks
@@ -98,6 +100,18 @@ def _load_draft(config: EngineConfig) -> DraftModel | None:
                                                       config.device))
 
 
+def _load_eagle(config: EngineConfig) -> EagleDraft | None:
+    """The EAGLE head of speculative method "eagle" (it shares the target's embedding and LM head); its KV cache is
+    allocated once the block count is known."""
+    spec = config.speculative
+    if spec is None or spec.method != "eagle" or spec.model is None:
+        return None
+    state = EagleModelState.from_dir(spec.model, config.model, config.cache.block_size)
+    head = load_model(Path(spec.model), state, config.dtype, config.device)
+    return EagleDraft(head, state, allocate_kv_cache(state.config, 2, config.cache.block_size, config.dtype,
+                                                     config.device))
+
+
 def build_runner(config: EngineConfig, model_state: ModelState | None = None) -> tuple[ModelRunner, int]:
     """Load (and compile) the model, capture its CUDA graphs and size the KV cache around them; returns
     (runner, num KV blocks).
@@ -117,7 +131,7 @@ def build_runner(config: EngineConfig, model_state: ModelState | None = None) ->
                        config.use_triton, config.model.vocab_size)  # penalty statistics: docs/DECISIONS.md
     kv_model = rank_kv_config(config.model)
     placeholder = allocate_kv_cache(kv_model, 2, bs, config.dtype, config.device)
-    draft = _load_draft(config)
+    draft = _load_draft(config) or _load_eagle(config)
     runner = ModelRunner(model, model_state, placeholder, state, config.use_triton, config.logprobs_mode,
                          config.attention_backend, sc.max_num_batched_tokens, config.speculative, draft)
     manager = None
@@ -134,7 +148,7 @@ def build_runner(config: EngineConfig, model_state: ModelState | None = None) ->
         reserved = int(manager.pool_bytes * GRAPH_POOL_MARGIN)
     num_blocks = min_across_ranks(choose_num_blocks(config, peak, reserved))  # one block count for every rank
     runner.kv_cache = allocate_kv_cache(kv_model, num_blocks, bs, config.dtype, config.device)
-    if draft is not None:  # the same block ids index the draft model's own cache
+    if draft is not None:  # the same block ids index the draft model's (EAGLE head's) own cache
         draft.kv_cache = allocate_kv_cache(draft.model_state.config, num_blocks, bs, config.dtype, config.device)
     del placeholder
     if manager is not None:

@@ -32,7 +32,8 @@ MAX_TOKEN_BUCKET = 2048  # larger steps are compute-bound: they run compiled, wi
 
 @dataclass
 class ModelOutput:
-    """What one forward returns: the final hidden states, plus any the architecture exposes for drafting."""
+    """What one forward returns: the final hidden states (after the final norm: the LM head's input, and the
+    features an EAGLE-1 head drafts from, as vLLM feeds them), plus any the architecture exposes for drafting."""
 
     hidden: torch.Tensor                                        # [T, hidden]
     aux_hidden: list[torch.Tensor] = field(default_factory=list)  # e.g. EAGLE-3's chosen layers, [T, hidden] each

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -27,13 +28,16 @@ def test_config_from_vllm_dict() -> None:
     c = SpeculativeConfig.from_dict({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 2,
                                      "disable_by_batch_size": 8})
     assert (c.prompt_lookup_min, c.prompt_lookup_max, c.disable_by_batch_size) == (2, 2, 8)
+    c = SpeculativeConfig.from_dict({"method": "eagle", "model": Path("/heads/x"), "num_speculative_tokens": 4})
+    assert (c.method, c.model, c.num_speculative_tokens) == ("eagle", "/heads/x", 4)
 
 
 @pytest.mark.parametrize("raw, words", [
     ({"num_speculative_tokens": 3}, "method"),
-    ({"method": "eagle", "num_speculative_tokens": 3}, "not supported"),
-    ({"method": "draft_model", "num_speculative_tokens": 3}, "needed by method 'draft_model'"),
-    ({"method": "ngram", "num_speculative_tokens": 3, "model": "/x"}, "only by it"),
+    ({"method": "medusa", "num_speculative_tokens": 3}, "not supported"),
+    ({"method": "eagle", "num_speculative_tokens": 3}, "method 'eagle' needs it"),
+    ({"method": "draft_model", "num_speculative_tokens": 3}, "method 'draft_model' needs it"),
+    ({"method": "ngram", "num_speculative_tokens": 3, "model": "/x"}, "method 'ngram' takes none"),
     ({"method": "ngram"}, "num_speculative_tokens"),
     ({"method": "ngram", "num_speculative_tokens": 0}, "positive"),
     ({"method": "ngram", "num_speculative_tokens": 99}, "<="),

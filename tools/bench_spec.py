@@ -24,8 +24,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workloads", default="copy,random", help="comma list of copy, random")
     p.add_argument("--batch-sizes", default="1,64")
     p.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
-    p.add_argument("--method", default="ngram", choices=("ngram", "draft_model"))
-    p.add_argument("--draft-model", default=None, help="draft_model: the draft's HF-format directory")
+    p.add_argument("--method", default="ngram", choices=("ngram", "draft_model", "eagle"))
+    p.add_argument("--draft-model", default=None,
+                   help="draft_model: the draft's HF-format directory; eagle: the EAGLE head's directory")
     p.add_argument("--prompt-lookup-min", type=int, default=2)
     p.add_argument("--prompt-lookup-max", type=int, default=4)
     p.add_argument("--disable-by-batch-size", type=int, default=None)
@@ -87,7 +88,7 @@ def main(argv: list[str] | None = None) -> None:
         spec.update(prompt_lookup_min=args.prompt_lookup_min, prompt_lookup_max=args.prompt_lookup_max)
     else:
         if args.draft_model is None:
-            raise SystemExit("--method draft_model needs --draft-model DIR")
+            raise SystemExit(f"--method {args.method} needs --draft-model DIR")
         spec["model"] = args.draft_model
     for workload in [w.strip() for w in args.workloads.split(",") if w.strip()]:
         for batch in parse_int_list(args.batch_sizes):

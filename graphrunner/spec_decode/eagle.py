@@ -1,0 +1,112 @@
+"""The EAGLE proposer (vLLM's method="eagle"): a one-layer head drafting from the target's final hidden states, with
+its own KV cache indexed by the target's block table and slots (same block ids, its own tensor).
+
+After each step's post-update the head observes the step: at every scheduled position p it reads the target's
+hidden state at p and the token now known at p + 1 (an accepted draft, the bonus token, the next prompt token),
+writing its KV at p. Its output at each row's last accepted position (num_computed - 1) gives the first draft; k - 1
+single-token head steps give the rest, each written into the row's history tail. Positions past the accepted ones
+get garbage KV, rewritten by the next step's observation (as the target's rejected drafts are). Nothing here syncs
+with the host, so a FULL verify graph records all of it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from graphrunner.attention import forward_context
+from graphrunner.input_prep import StepInputs, prepare_inputs
+from graphrunner.spec_config import SpeculativeConfig
+from graphrunner.spec_decode.update import write_tail
+from graphrunner.state_table import StateTable
+from graphrunner.step_plan import StepShape
+from model_states.base import ModelState
+
+
+@dataclass
+class EagleDraft:
+    head: nn.Module            # graphrunner.models.eagle.EagleHead
+    model_state: ModelState    # model_states.eagle.EagleModelState
+    kv_cache: torch.Tensor     # [num_head_layers, 2, num_blocks, block_size, Hkv, D], the target's block ids
+
+
+class EagleProposer:
+    """target: the target model, whose embedding (`embed_input_ids`) and LM head (`compute_logits`) the head
+    shares."""
+
+    def __init__(self, config: SpeculativeConfig, draft: EagleDraft, target: nn.Module, state: StateTable,
+                 use_triton: bool, attention_backend: str) -> None:
+        self.config = config
+        self.draft = draft
+        self.target = target
+        self.state = state
+        self.use_triton = use_triton
+        self.attention_backend = attention_backend
+
+    @property
+    def num_speculative_tokens(self) -> int:
+        return self.config.num_speculative_tokens
+
+    def _head(self, inputs: StepInputs, shape: StepShape, input_ids: torch.Tensor, hidden: torch.Tensor
+              ) -> torch.Tensor:
+        d = self.draft
+        meta = d.model_state.prepare_attn(inputs, shape)
+        with forward_context(meta, d.kv_cache, self.attention_backend):
+            return d.head(self.target.embed_input_ids(input_ids), hidden, inputs.positions)
+
+    def observe(self, idx_mapping: torch.Tensor, inputs: StepInputs, shape: StepShape, hidden: torch.Tensor
+                ) -> torch.Tensor:
+        """The head over a step's tokens (after its post-update); returns its output at each request's last
+        accepted position [B, H]. inputs / shape / hidden [T, H]: the target's forward of the step."""
+        st = self.state
+        b, t = idx_mapping.shape[0], inputs.input_ids.shape[0]
+        max_len = st.token_ids.shape[1]
+        rows = idx_mapping.long()  # [B] int64
+        qsl = inputs.query_start_loc.long()  # [B + 1] int64
+        tok = torch.arange(t, dtype=torch.int64, device=rows.device)  # [T] int64
+        req = torch.searchsorted(qsl[1:].contiguous(), tok, right=True).clamp(max=b - 1)  # [T] int64; padding -> B-1
+        nxt = (inputs.positions + 1).clamp(max=max_len - 1)  # [T] int64
+        next_ids = st.token_ids[rows[req], nxt].long()  # [T] int64: the token each position predicts
+        out = self._head(inputs, shape, next_ids, hidden[:t])  # [T, H]
+        first = qsl[:-1]  # [B] int64
+        count = qsl[1:] - first  # [B] int64
+        start = inputs.positions[first.clamp(max=t - 1)]  # [B] int64: each request's first position (num_computed)
+        advanced = st.num_computed.index_select(0, rows).long() - start  # [B] int64: positions now accepted
+        last = first + torch.minimum((advanced - 1).clamp(min=0), (count - 1).clamp(min=0))  # [B] int64
+        return out.index_select(0, last.clamp(max=t - 1))  # [B, H]
+
+    def propose(self, idx_mapping: torch.Tensor, inputs: StepInputs, shape: StepShape, hidden: torch.Tensor,
+                draft: bool = True) -> None:
+        """Observe the step, then (unless `draft` is False: speculation off for the step) k greedy drafts per row
+        into its history tail. shape.seq_lens: host upper bounds of each row's num_computed after the step."""
+        st, k = self.state, self.config.num_speculative_tokens
+        b = idx_mapping.shape[0]
+        if b == 0:
+            return
+        h = self.observe(idx_mapping, inputs, shape, hidden)  # [B, H]
+        if not draft:
+            return
+        max_len = st.token_ids.shape[1]
+        rows = idx_mapping.long()  # [B] int64
+        nc = st.num_computed.index_select(0, rows)  # [B] int32: the first position without KV
+        nt = st.num_tokens.index_select(0, rows).long()  # [B] int64
+        ones = torch.ones(b, dtype=torch.int32, device=idx_mapping.device)
+        cols = st.block_table.shape[1]
+        positions = st.num_computed.clone()  # [R] int32, a scratch copy the prep kernel reads
+        tok = self.target.compute_logits(h).argmax(dim=-1)  # [B] int64: the first draft
+        for i in range(k):
+            room = (nt + i < max_len).to(torch.int64)  # [B] int64: draft i fits the row
+            write_tail(st.token_ids, rows, nt + i, tok[:, None], room)
+            if i == k - 1:
+                break
+            # draft i + 1 from the head at position nc - 1 + i + 1, reading draft i and the head's last output; a
+            # position past the row is clamped to its last one (a request at max_model_len: nothing is used there)
+            positions.index_copy_(0, rows, (nc + i).clamp(max=max_len - 1))
+            step = prepare_inputs(idx_mapping, ones, st.token_ids, positions, st.block_table,
+                                  self.draft.model_state.block_size, b, cols, self.use_triton)
+            step_shape = StepShape(b, b, (1,) * b, tuple(min(s + i + 1, max_len) for s in shape.seq_lens))
+            h = self._head(step, step_shape, tok, h)  # [B, H]
+            tok = self.target.compute_logits(h).argmax(dim=-1)  # [B] int64
+        st.num_drafts.index_copy_(0, rows, (max_len - nt).clamp(0, k).to(torch.int32))
