@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# The pending GPU verifications and benchmarks, one phase per device command (each under 10 minutes), results in
+# one tarball under $OUT (the device returns few files). Run from the repository root on the H200:
+#   bash tools/gpu_checks.sh tests      # GPU tests of every path not yet run there
+#   bash tools/gpu_checks.sh bench      # T1 (detok both, penalties both), P1, L1 step breakdown, S1 warm/cold
+#   bash tools/gpu_checks.sh serve      # SV1 with the engine loop in a process and in a thread (needs .whl/)
+#   bash tools/gpu_checks.sh tp         # on nvidia-h200-x2: TP tests and bench_tp
+set -u
+phase=${1:?phase: tests | bench | serve | tp}
+OUT=${OUT:-/tmp/out}
+R=$OUT/$phase
+mkdir -p "$R"
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+T="timeout --signal=KILL"
+model() { [ -d /tmp/q06 ] || python3 tools/make_bench_model.py --out /tmp/q06 --tokenizer > "$R/make_model.log" 2>&1; }
+
+case $phase in
+tests)
+  $T 560 python3 -m pytest -q -p no:cacheprovider -m gpu -x \
+    tests/test_gpu_capture.py tests/test_gpu_engine.py tests/test_engine_sampling.py tests/test_engine_penalties.py \
+    tests/test_capture_precompile.py tests/test_spec_eagle.py tests/test_spec_decode_graphs.py \
+    tests/test_penalty_counts.py tests/test_sampling_penalties.py tests/test_capture_single_trace.py \
+    > "$R/pytest_gpu.log" 2>&1
+  echo "pytest rc=$?" >> "$R/pytest_gpu.log"
+  ;;
+bench)
+  model
+  $T 200 python3 tools/bench_throughput.py --model /tmp/q06 --no-peer --both-detok --runs 3 \
+    --json "$R/t1_detok.json" > "$R/t1_detok.log" 2>&1
+  $T 150 python3 tools/bench_throughput.py --model /tmp/q06 --no-peer --penalties both --runs 2 \
+    --json "$R/t1_pen.json" > "$R/t1_pen.log" 2>&1
+  $T 90 python3 tools/bench_prefix_cache.py --model /tmp/q06 --repeats 5 --profile \
+    --json "$R/p1.json" > "$R/p1.log" 2>&1
+  $T 90 python3 tools/bench_step_breakdown.py --model /tmp/q06 --json "$R/step_breakdown.json" \
+    --trace /tmp/step_trace.json > "$R/step_breakdown.log" 2>&1
+  ;;
+serve)
+  model
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  export PYTHONPATH=$PYTHONPATH:/tmp/site
+  $T 280 python3 tools/bench_sv1.py --model /tmp/q06 --engine-process --log "$R/serve_proc.log" \
+    --json "$R/sv1_process.json" > "$R/sv1_process.out" 2>&1
+  $T 280 python3 tools/bench_sv1.py --model /tmp/q06 --no-engine-process --log "$R/serve_thread.log" \
+    --json "$R/sv1_thread.json" > "$R/sv1_thread.out" 2>&1
+  ;;
+tp)
+  $T 300 python3 -m pytest -q -p no:cacheprovider -m gpu -x tests/test_gpu_tensor_parallel.py \
+    tests/test_sampling_vocab_parallel.py > "$R/pytest_tp.log" 2>&1
+  echo "pytest rc=$?" >> "$R/pytest_tp.log"
+  $T 280 python3 tools/bench_tp.py --out /tmp/qwen3-8b-random --tp-sizes 1,2 --json "$R/bench_tp.json" \
+    > "$R/bench_tp.log" 2>&1
+  ;;
+*) echo "unknown phase $phase" >&2; exit 2 ;;
+esac
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv > "$R/gpu.txt" 2>&1
+tar -czf "$OUT/$phase.tgz" -C "$OUT" "$phase"
