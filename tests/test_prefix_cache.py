@@ -38,6 +38,22 @@ def test_block_keys_chain_parent_tokens_and_salt() -> None:
     assert tail_only == keys
 
 
+@pytest.mark.parametrize("salt", [None, "tenant-7"])
+def test_bulk_block_keys_equal_the_chain_of_hash_block(salt: str | None) -> None:
+    """extend_block_hashes packs a whole range at once: its keys equal hash_block chained block by block, for
+    large ids, any start offset and resumed extension (a preempted request's keys grow later)."""
+    rng = random.Random(3)
+    ids = [rng.randrange(2**31) for _ in range(7 * BS + 5)] + [0, 151_935]
+    chain: list[bytes] = []
+    for i in range(len(ids) // BS):
+        chain.append(hash_block(chain[-1] if chain else None, ids[i * BS:(i + 1) * BS], salt))
+    for first in (0, 1, 3):
+        keys = chain[:first]
+        extend_block_hashes(keys, ids[first * BS:], len(ids) - 6, BS, salt, start=first * BS)  # stop early
+        extend_block_hashes(keys, ids[first * BS:], len(ids), BS, salt, start=first * BS)
+        assert keys == chain
+
+
 def test_pool_reference_counts_lru_and_eviction() -> None:
     pool = BlockPool(7, enable_caching=True)  # blocks 1..6
     first = pool.allocate(3)
