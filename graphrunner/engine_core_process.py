@@ -127,7 +127,10 @@ class ProcessCore:
                                ) from None
         if kind != "ready":
             self._proc.join(30)
-            raise RuntimeError(f"the engine-core process could not start: {arg}") from arg
+            if isinstance(arg, Exception):  # a bad model directory stays a ValueError (the CLI prints it cleanly)
+                arg.add_note("(raised while the engine-core process started)")
+                raise arg
+            raise RuntimeError(f"the engine-core process could not start: {arg}")
         self._reader = threading.Thread(target=self._read, name="graphrunner-engine-core-reader", daemon=True)
         self._reader.start()
 

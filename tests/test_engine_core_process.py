@@ -131,3 +131,15 @@ def test_process_abort_on_close_then_kill_ends_streams(model_dir: Path) -> None:
         assert not llm.is_running
     finally:
         llm.shutdown(timeout=10)
+
+
+def test_process_start_failure_raises_the_engine_error(model_dir: Path, tmp_path: Path) -> None:
+    """Weights that fail to load in the engine-core process give the caller the same ValueError as in-process."""
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(model_dir, broken)
+    weights = broken / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    with pytest.raises(ValueError, match="safetensors"):
+        AsyncLLM.from_engine_args(EngineArgs(model=str(broken), **ENGINE), engine_process=True)
