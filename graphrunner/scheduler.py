@@ -181,6 +181,7 @@ class Scheduler:
             req.row = self.rows.take()
             req.status = RequestStatus.RUNNING
             req.num_computed_tokens = cached  # the row starts past the hits: prep kernels just begin later
+            req.num_registered_blocks = len(hits)  # already cached under their keys: nothing to register again
             if req.num_cached_tokens < 0:
                 req.num_cached_tokens = cached
             self.running.append(req)

@@ -56,14 +56,46 @@ def run(llm: LLM, prompts: list[list[int]], output_len: int, detokenize: bool) -
             "us_per_token": wall / (len(prompts) * output_len) * 1e6}
 
 
+def run_p1(model: str, prefix_len: int, suffix_len: int, repeats: int) -> dict[str, float]:
+    """P1's shape without a device: the host time of one LLM.generate of a cached prefix + a new suffix (one output
+    token), i.e. the host part of a prefix-cache hit's TTFT (intake, keys, admission, scheduling, outputs)."""
+    import random
+    import statistics
+
+    llm = LLM(model=model, device="cpu", max_num_seqs=8, max_model_len=prefix_len + suffix_len + 8,
+              enable_prefix_caching=True, enforce_eager=True)
+    llm.engine.runner.execute = fake_execute(llm.engine.config.model.vocab_size)
+    rng = random.Random(0)
+    prefix = [rng.randrange(10000) for _ in range(prefix_len)]
+    one = SamplingParams(temperature=0.0, max_tokens=1)
+    times = []
+    for i in range(repeats + 1):
+        suffix = [rng.randrange(10000) for _ in range(suffix_len)]
+        t0 = time.perf_counter()
+        out = llm.generate([{"prompt_token_ids": prefix + suffix}], one, use_tqdm=False)[0]
+        times.append((time.perf_counter() - t0) * 1e3)
+        assert i == 0 or out.num_cached_tokens >= prefix_len - 16, "the prefix should be a cache hit"
+    ms = statistics.median(times[1:])
+    print(f"P1 host path: {prefix_len}-token cached prefix + {suffix_len}-token suffix: {ms:.3f} ms per request "
+          f"(median of {repeats})", flush=True)
+    return {"p1_host_ms": ms}
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="an HF-format dir with a tokenizer (the weights are never run)")
     p.add_argument("--num-requests", type=int, default=256)
     p.add_argument("--output-len", type=int, default=512)
     p.add_argument("--profile", action="store_true", help="cProfile one detokenizing run (top 30 by own time)")
+    p.add_argument("--p1", action="store_true", help="instead: the host time of a prefix-cache hit (P1's shape)")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
+    if args.p1:
+        result = run_p1(args.model, 4096, 64, 20)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(result, f, indent=1)
+        return
     prompts = random_prompts(args.num_requests, 100, 1024, seed=0)
     llm = LLM(model=args.model, device="cpu", max_num_seqs=args.num_requests, max_model_len=1024 + args.output_len,
               max_num_batched_tokens=8192, enable_prefix_caching=False, enforce_eager=True)
