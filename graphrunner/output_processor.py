@@ -153,8 +153,10 @@ class OutputProcessor:
                         del req.output_token_ids[len(req.output_token_ids) - (len(run) - 1 - i):]
                         finish(req, "stop", stop)
                         break
-        for parent in touched.values():  # what can fail (decoding) before any parent is reported and forgotten
-            parent.finish_text()
+        # what can fail (decoding a finished text) before any parent is reported and forgotten
+        for parent_id in {req.parent_id for _, req, _ in changed if req.finished}:
+            if parent_id in touched:
+                touched[parent_id].finish_text()
         results_out = []
         for rid, parent in touched.items():
             if parent.final_only and not all(c.finished for c in parent.children):
