@@ -1,7 +1,8 @@
 """AsyncLLM: an asyncio front over one engine loop, which runs either in a thread of this process
 (`AsyncLLM.from_engine`) or in its own process (`AsyncLLM.from_engine_args(..., engine_process=True)`, what
-`graphrunner serve` uses, so HTTP work never holds the loop's GIL). The loop reports deltas; each request's
-stream merges them and its consumer reads the newest cumulative RequestOutput.
+`graphrunner serve` uses, so HTTP work never holds the loop's GIL). The loop reports token-id deltas; each
+request's stream merges them, makes the text (graphrunner/output_stream.py) and its consumer reads the newest
+cumulative RequestOutput.
 """
 
 from __future__ import annotations
@@ -13,14 +14,15 @@ import threading
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from graphrunner.engine import Engine
 from graphrunner.engine_args import EngineArgs
 from graphrunner.engine_core import AddRequest, EngineCore, EngineDead, LoopStats, QueueFull
 from graphrunner.generation_config import generation_defaults
-from graphrunner.outputs import CompletionOutput, RequestOutput
+from graphrunner.output_stream import MergedStream
+from graphrunner.outputs import RequestOutput
 from graphrunner.sampling_params import RequestOutputKind, SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -34,6 +36,7 @@ class CoreClient(Protocol):
 
     def add(self, command: AddRequest, future: concurrent.futures.Future[str]) -> None: ...
     def abort(self, request_id: str, future: concurrent.futures.Future[Any] | None) -> None: ...
+    def stop_completion(self, request_id: str, index: int, num_tokens: int, stop: str) -> None: ...
     def prometheus_text(self) -> str: ...
     def set_metrics_label(self, name: str, value: str) -> None: ...
     def shutdown(self, abort: bool, timeout: float | None) -> None: ...
@@ -49,49 +52,6 @@ class _Stream:
 def _put_all(items: list[tuple[asyncio.Queue[Any], Any]]) -> None:
     for queue, item in items:
         queue.put_nowait(item)
-
-
-@dataclass
-class _Completion:
-    text: str = ""
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[Any] | None = None
-    last: CompletionOutput | None = None
-
-
-class _Merged:
-    """One request's deltas merged; `output()` is the cumulative RequestOutput (lists copied: the consumer owns
-    them), built only when the consumer reads, so a consumer that falls behind builds fewer."""
-
-    def __init__(self) -> None:
-        self.head: RequestOutput | None = None
-        self.completions: dict[int, _Completion] = {}
-
-    def add(self, delta: RequestOutput) -> None:
-        if self.head is None:
-            self.head = delta
-        else:
-            self.head.finished, self.head.metrics = delta.finished, delta.metrics
-            self.head.num_cached_tokens = delta.num_cached_tokens
-        for comp in delta.outputs:
-            acc = self.completions.setdefault(comp.index, _Completion())
-            acc.text += comp.text
-            acc.token_ids.extend(comp.token_ids)
-            if comp.logprobs is not None:
-                if acc.logprobs is None:
-                    acc.logprobs = []
-                acc.logprobs.extend(comp.logprobs)
-            acc.last = comp
-
-    def output(self) -> RequestOutput:
-        head = self.head
-        assert head is not None
-        outs = [CompletionOutput(i, c.text, list(c.token_ids), c.last.cumulative_logprob if c.last else None,
-                                 list(c.logprobs) if c.logprobs is not None else None,
-                                 c.last.finish_reason if c.last else None, c.last.stop_reason if c.last else None)
-                for i, c in sorted(self.completions.items())]
-        return RequestOutput(head.request_id, head.prompt, head.prompt_token_ids, outs, head.finished,
-                             head.prompt_logprobs, head.metrics, head.num_cached_tokens)
 
 
 class AsyncLLM:
@@ -181,7 +141,7 @@ class AsyncLLM:
                 # refused: nothing was queued. Cancelled while waiting: it may yet be queued, so abort it below
                 finished = not isinstance(exc, asyncio.CancelledError)
                 raise
-            merged = _Merged()
+            merged = MergedStream(params, self._tokenizer)
             while True:
                 item = await stream.queue.get()
                 while True:  # merge every delta that arrived; the consumer reads only the newest state
@@ -189,10 +149,13 @@ class AsyncLLM:
                         finished = True
                         raise item
                     merged.add(item)
-                    if item.finished or stream.queue.empty():
+                    if merged.finished or stream.queue.empty():
                         break
                     item = stream.queue.get_nowait()
-                finished = item.finished
+                for index, num_tokens, stop in merged.pending_stops:  # stop strings found here end them there
+                    self._core.stop_completion(rid, index, num_tokens, stop)
+                merged.pending_stops.clear()
+                finished = merged.finished
                 yield merged.output()
                 if finished:
                     return
@@ -267,6 +230,9 @@ class _ThreadCore:
 
     def abort(self, request_id: str, future: concurrent.futures.Future[Any] | None) -> None:
         self._post(("abort", request_id, future))
+
+    def stop_completion(self, request_id: str, index: int, num_tokens: int, stop: str) -> None:
+        self._post(("stop", (request_id, index, num_tokens, stop), None))
 
     def prometheus_text(self) -> str:
         with self._engine_lock:
@@ -344,6 +310,9 @@ def _apply(core: EngineCore, command: tuple[Any, ...]) -> None:
             future.set_result(core.add(arg))
         except Exception as exc:  # noqa: BLE001 -- ValueError, QueueFull, ...: the caller gets it, nothing queued
             future.set_exception(exc)
+        return
+    if kind == "stop":
+        core.stop_completion(*arg)
         return
     core.abort(arg)
     if future is not None:

@@ -70,10 +70,12 @@ class Engine:
 
     # -- submission ----------------------------------------------------------------------
     def add_request(self, prompt: Any, params: SamplingParams | None = None, request_id: str | None = None,
-                    final_only: bool = False, delta: bool = False) -> str:
+                    final_only: bool = False, delta: bool = False, detokenize: bool = True) -> str:
         """Validate and queue one request; raises ValueError (nothing queued) on bad input. `final_only`: step()
         reports it only when it finishes (no per-step RequestOutput is built: LLM.generate needs none). `delta`:
-        each report holds only what is new (ParentRequest.delta_output; the async front merges them)."""
+        each report holds only what is new (ParentRequest.delta_output; the async front merges them).
+        `detokenize=False`: no text and no stop-string checks here (the async front detokenizes and, on a stop
+        string, calls stop_completion)."""
         params = params if params is not None else SamplingParams()
         if final_only and delta:
             raise ValueError("a request is reported final-only or as deltas, not both")
@@ -100,7 +102,8 @@ class Engine:
         for child in children:  # checks the cache can ever hold it: raises before anything is queued
             self.scheduler.check_fits(child)
         parent = ParentRequest(request_id, text, ids, children,
-                               [self._detokenizer(ids, params, final_only) for _ in children],
+                               [self._detokenizer(ids, params, final_only) if detokenize else None
+                                for _ in children],
                                final_only=final_only, delta=delta)
         if params.logprobs is not None:
             parent.logprobs = [[] for _ in children]
@@ -143,6 +146,23 @@ class Engine:
         out = self._finished([parent])[0]
         self._note_gauges()
         return out
+
+    def stop_completion(self, request_id: str, index: int, num_tokens: int, stop: str) -> RequestOutput | None:
+        """End completion `index` of a request on a stop string found outside the engine (the async front's
+        detokenizer), keeping its first num_tokens output tokens; returns the request's final output once every
+        completion has ended, else None. A completion that already ended keeps its own reason."""
+        parent = self._parents.get(request_id)
+        if parent is None or not 0 <= index < len(parent.children):
+            return None
+        child = parent.children[index]
+        if child.finished:
+            return None
+        del child.output_token_ids[num_tokens:]
+        self.scheduler.finish(child, "stop", stop)
+        self._note_gauges()
+        if all(c.finished for c in parent.children):
+            return self._finished([parent])[0]
+        return None
 
     def has_request(self, request_id: str) -> bool:
         return request_id in self._parents

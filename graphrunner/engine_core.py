@@ -1,6 +1,6 @@
 """The engine loop's body, wherever it runs (AsyncLLM's loop thread, or the engine-core process): apply
-submissions and aborts between steps, step, and hand every step's outputs (deltas: ParentRequest.delta_output)
-to an `emit` callback. Keeps the loop counters (LoopStats) that show whether anything stalls the loop.
+submissions, aborts and stop-string ends between steps, step, and hand every step's outputs (token-id deltas:
+ParentRequest.delta_output) to an `emit` callback; the front detokenizes. Keeps the loop counters (LoopStats).
 """
 
 from __future__ import annotations
@@ -75,18 +75,24 @@ class EngineCore:
         self.loop_stats = LoopStats()
 
     def add(self, command: AddRequest) -> str:
-        """Queue one request (ValueError, QueueFull: nothing queued). Its reports are deltas, or only the final
-        one for a FINAL_ONLY request (which, being its only report, is a delta too)."""
+        """Queue one request (ValueError, QueueFull: nothing queued). Its reports are deltas of token ids, or only
+        the final one for a FINAL_ONLY request (its only report: a delta too); the front detokenizes them."""
         self._check_queue(command.params)
         final_only = command.params.output_kind is RequestOutputKind.FINAL_ONLY
         rid = self.engine.add_request(command.prompt, command.params, command.request_id, final_only=final_only,
-                                      delta=not final_only)
+                                      delta=not final_only, detokenize=False)
         self._live.add(rid)
         return rid
 
     def abort(self, request_id: str) -> None:
         """End a request with finish_reason "abort" (its final report is emitted); unknown ids are ignored."""
         out = self.engine.abort_request(request_id)
+        if out is not None:
+            self._send([out])
+
+    def stop_completion(self, request_id: str, index: int, num_tokens: int, stop: str) -> None:
+        """The front found stop string `stop` in completion `index` after num_tokens tokens: end it there."""
+        out = self.engine.stop_completion(request_id, index, num_tokens, stop)
         if out is not None:
             self._send([out])
 

@@ -24,7 +24,8 @@ from graphrunner.outputs import RequestOutput
 logger = logging.getLogger(__name__)
 
 # front -> core: ("add", token, AddRequest) | ("abort", token | None, request_id) | ("stats", token, None)
-#                | ("label", None, (name, value)) | ("stop", None, "abort" | "finish")
+#                | ("label", None, (name, value)) | ("stop_completion", None, (request_id, index, kept, stop))
+#                | ("stop", None, "abort" | "finish")
 # core -> front: ("ready", None, None) | ("out", None, [RequestOutput]) | ("reply", token, result)
 #                | ("error", token, Exception) | ("dead", None, BaseException)
 
@@ -90,6 +91,8 @@ def _loop(core: EngineCore, conn: Connection) -> None:
                 conn.send(("reply", token, core.prometheus_text()))
             elif kind == "label":
                 core.set_metrics_label(*arg)
+            elif kind == "stop_completion":
+                core.stop_completion(*arg)
             elif kind == "stop":
                 stop = "abort" if arg == "abort" or stop == "abort" else "finish"
         if stop == "abort":
@@ -143,6 +146,9 @@ class ProcessCore:
             self._send(("abort", None, request_id))
         else:
             self._call("abort", request_id, future)
+
+    def stop_completion(self, request_id: str, index: int, num_tokens: int, stop: str) -> None:
+        self._send(("stop_completion", None, (request_id, index, num_tokens, stop)))
 
     def prometheus_text(self) -> str:
         future: concurrent.futures.Future[str] = concurrent.futures.Future()

@@ -33,7 +33,7 @@ class FakeEngine:
         self.step_delay = 0.0  # seconds per step: a test racing the loop sets it so its request cannot finish first
 
     def add_request(self, prompt: Any, params: SamplingParams, request_id: str, final_only: bool = False,
-                    delta: bool = False) -> str:
+                    delta: bool = False, detokenize: bool = True) -> str:
         if prompt == "bad":
             raise ValueError("bad prompt")
         self.requests[request_id] = [params, [], 0, delta]

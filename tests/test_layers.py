@@ -19,7 +19,7 @@ PACKAGES = ("graphrunner", "model_states", "capture")
 FRONT_MODULES = {"graphrunner", "graphrunner.__main__"} | {
     f"graphrunner.{m}" for m in ("llm", "llm_engine", "engine", "worker", "cli", "engine_args", "precompile",
                                  "vllm_compat", "async_llm", "tp_executor", "engine_core",
-                                 "engine_core_process")
+                                 "engine_core_process", "output_stream")
 }
 FRONT_PACKAGES = ("graphrunner.server", "graphrunner.entrypoints")
 RUNNER_MODULES = {"graphrunner.runner"}

@@ -1,0 +1,112 @@
+"""The async front's merged stream (graphrunner/output_stream.py) and the engine's stop_completion: token-id
+deltas become the same text tokenizer.decode gives; a stop string is cut where it completes, even inside a
+several-token delta, with the later tokens and logprobs dropped and the engine told where; text that may still
+become a stop string is held back; one of n completions can stop while the other runs on.
+"""
+
+from __future__ import annotations
+
+import pytest
+from tiny_models import make_tiny_model, tiny_tokenizer
+
+from graphrunner import SamplingParams
+from graphrunner.engine import Engine
+from graphrunner.engine_args import EngineArgs
+from graphrunner.output_stream import MergedStream
+from graphrunner.outputs import CompletionOutput, Logprob, RequestOutput
+
+TEXT = "The weather was cold, the tea was warm, and the story was long."
+PROMPT = [5, 6, 7]
+
+
+def _delta(tokens: list[list[int]], first: bool, finish: list[str | None] | None = None,
+           logprobs: bool = False) -> RequestOutput:
+    finish = finish or [None] * len(tokens)
+    comps = [CompletionOutput(i, "", list(t), cumulative_logprob=-1.0 * len(t) if logprobs else None,
+                              logprobs=[{x: Logprob(-1.0 - 0.01 * x, 1)} for x in t] if logprobs else None,
+                              finish_reason=f) for i, (t, f) in enumerate(zip(tokens, finish))]
+    return RequestOutput("r", "p" if first else None, PROMPT if first else [], comps,
+                         finished=all(f is not None for f in finish))
+
+
+def test_text_equals_decode_and_length_finish_flushes() -> None:
+    tok = tiny_tokenizer()
+    ids = tok.encode(TEXT, add_special_tokens=False)
+    m = MergedStream(SamplingParams(max_tokens=len(ids)), tok)
+    m.add(_delta([ids[:3]], True))
+    for i in range(3, len(ids) - 1, 4):
+        m.add(_delta([ids[i:min(i + 4, len(ids) - 1)]], False))
+        out = m.output()
+        assert TEXT.startswith(out.outputs[0].text) and not out.finished
+    m.add(_delta([ids[-1:]], False, ["length"]))
+    out = m.output()
+    assert out.finished and out.outputs[0].text == tok.decode(ids) and out.outputs[0].token_ids == ids
+    assert out.prompt_token_ids == PROMPT and m.pending_stops == []
+
+
+def test_stop_string_inside_a_multi_token_delta_cuts_tokens_and_logprobs() -> None:
+    tok = tiny_tokenizer()
+    ids = tok.encode(TEXT, add_special_tokens=False)
+    stop = "tea"
+    m = MergedStream(SamplingParams(max_tokens=100, stop=[stop], logprobs=1), tok)
+    m.add(_delta([ids[:2]], True, logprobs=True))
+    shown = tok.decode(ids[:2])
+    assert m.output().outputs[0].text == shown[:len(shown) - (len(stop) - 1)]  # may yet become "tea": held back
+    m.add(_delta([ids[2:]], False, logprobs=True))  # the whole rest at once: the stop is inside it
+    out = m.output()
+    comp = out.outputs[0]
+    assert out.finished and comp.finish_reason == "stop" and comp.stop_reason == stop
+    assert comp.text == TEXT[:TEXT.index(stop)]
+    cut = len(comp.token_ids)
+    assert comp.token_ids == ids[:cut] and stop in tok.decode(ids[:cut]) and stop not in tok.decode(ids[:cut - 1])
+    assert len(comp.logprobs) == cut
+    assert comp.cumulative_logprob == pytest.approx(sum(-1.0 - 0.01 * t for t in ids[:cut]))
+    assert m.pending_stops == [(0, cut, stop)]
+    m.add(_delta([[1, 2, 3]], False, ["length"], logprobs=True))  # the engine's tokens made before it heard
+    assert m.output().outputs[0].token_ids == ids[:cut] and m.output().outputs[0].finish_reason == "stop"
+
+
+def test_one_of_two_completions_stops_the_other_runs_on() -> None:
+    tok = tiny_tokenizer()
+    ids = tok.encode(TEXT, add_special_tokens=False)
+    m = MergedStream(SamplingParams(n=2, max_tokens=100, stop=["cold"]), tok)
+    m.add(_delta([ids[:8], ids[-8:]], True))
+    assert m.completions[0].finished and not m.completions[1].finished and not m.finished
+    m.add(_delta([[], [0]], False, [None, "stop"]))
+    assert m.finished and [c.finish_reason for c in m.output().outputs] == ["stop", "stop"]
+    assert m.output().outputs[1].stop_reason is None  # the engine's own reason (a stop token) is kept
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory: pytest.TempPathFactory) -> Engine:
+    model = make_tiny_model(tmp_path_factory.mktemp("stream"), "Qwen3ForCausalLM")
+    return Engine(EngineArgs(model=str(model), num_gpu_blocks_override=64, max_model_len=128).create_engine_config())
+
+
+def test_engine_stop_completion_keeps_tokens_frees_and_counts_stop(engine: Engine) -> None:
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True, n=2, seed=1)
+    rid = engine.add_request([11, 22, 33], params, "s", delta=True, detokenize=False)
+    reported: list[int] = []
+    while len(reported) < 6:
+        for out in engine.step():
+            reported += out.outputs[0].token_ids
+    assert engine.stop_completion(rid, 0, 3, "xyz") is None  # completion 1 still runs
+    final = engine.stop_completion(rid, 1, 2, "abc")
+    assert final is not None and final.finished
+    assert [c.finish_reason for c in final.outputs] == ["stop", "stop"]
+    assert [c.stop_reason for c in final.outputs] == ["xyz", "abc"]
+    while engine.has_unfinished():  # the steps in flight drain; nothing more is reported for it
+        assert all(o.request_id != rid for o in engine.step())
+    pool = engine.scheduler.pool
+    assert pool.num_free == pool.num_usable and not engine.scheduler.running
+    assert 'finished_reason="stop"} 1.0' in engine.stats.to_prometheus_text()
+    assert engine.stop_completion("unknown", 0, 1, "x") is None
+
+
+def test_stop_completion_outside_the_range_is_ignored(engine: Engine) -> None:
+    rid = engine.add_request([1, 2], SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True), "t",
+                             delta=True, detokenize=False)
+    assert engine.stop_completion(rid, 5, 1, "x") is None and engine.has_request(rid)
+    while engine.has_unfinished():
+        engine.step()
+    assert not engine.has_request(rid)
