@@ -19,15 +19,54 @@ from typing import Any
 
 from graphrunner.config import EngineConfig
 from graphrunner.engine_core import AddRequest, EngineCore, EngineDead
-from graphrunner.outputs import RequestOutput
+from graphrunner.metrics import RequestMetrics
+from graphrunner.outputs import CompletionOutput, Logprob, RequestOutput
 
 logger = logging.getLogger(__name__)
 
 # front -> core: ("add", token, AddRequest) | ("abort", token | None, request_id) | ("stats", token, None)
 #                | ("label", None, (name, value)) | ("stop_completion", None, (request_id, index, kept, stop))
 #                | ("stop", None, "abort" | "finish")
-# core -> front: ("ready", None, None) | ("out", None, [RequestOutput]) | ("reply", token, result)
+# core -> front: ("ready", None, None) | ("out", None, encode_outputs([RequestOutput])) | ("reply", token, result)
 #                | ("error", token, Exception) | ("dead", None, BaseException)
+
+
+def encode_outputs(outputs: list[RequestOutput]) -> list[tuple[Any, ...]]:
+    """A step's outputs as plain tuples: pickling dataclasses costs ~10x more (0.29 vs 0.03 ms for 64 outputs on
+    the dev CPU), and the engine loop pays it every step."""
+    wire = []
+    for o in outputs:
+        m = o.metrics
+        comps = tuple((c.index, c.token_ids, _encode_logprobs(c.logprobs), c.cumulative_logprob, c.finish_reason,
+                       c.stop_reason) for c in o.outputs)
+        wire.append((o.request_id, o.finished, o.num_cached_tokens,
+                     None if m is None else (m.arrival_time, m.last_token_time, m.first_scheduled_time,
+                                             m.first_token_time, m.time_in_queue, m.finished_time),
+                     o.prompt, o.prompt_token_ids, _encode_logprobs(o.prompt_logprobs), comps))
+    return wire
+
+
+def decode_outputs(wire: list[tuple[Any, ...]]) -> list[RequestOutput]:
+    outputs = []
+    for rid, finished, cached, m, prompt, prompt_ids, prompt_lps, comps in wire:
+        outs = [CompletionOutput(i, "", ids, cum, _decode_logprobs(lps), reason, stop)
+                for i, ids, lps, cum, reason, stop in comps]
+        outputs.append(RequestOutput(rid, prompt, prompt_ids, outs, finished, _decode_logprobs(prompt_lps),
+                                     None if m is None else RequestMetrics(*m), cached))
+    return outputs
+
+
+def _encode_logprobs(entries: list[dict[int, Logprob] | None] | None) -> Any:
+    if entries is None:
+        return None
+    return [None if e is None else {t: (lp.logprob, lp.rank, lp.decoded_token) for t, lp in e.items()}
+            for e in entries]
+
+
+def _decode_logprobs(entries: Any) -> Any:
+    if entries is None:
+        return None
+    return [None if e is None else {t: Logprob(*v) for t, v in e.items()} for e in entries]
 
 
 def _picklable(exc: BaseException) -> BaseException:
@@ -48,7 +87,8 @@ def run_engine_core(config: EngineConfig, conn: Connection, max_waiting_requests
     try:
         from graphrunner.engine import Engine
 
-        core = EngineCore(Engine(config), max_waiting_requests, lambda outs: conn.send(("out", None, outs)))
+        core = EngineCore(Engine(config), max_waiting_requests,
+                          lambda outs: conn.send(("out", None, encode_outputs(outs))))
     except BaseException as exc:  # noqa: BLE001 -- the parent shows why the engine could not start
         conn.send(("dead", None, _picklable(exc)))
         return
@@ -195,7 +235,7 @@ class ProcessCore:
             while True:
                 kind, token, arg = self._conn.recv()
                 if kind == "out":
-                    self._deliver(arg)
+                    self._deliver(decode_outputs(arg))
                 elif kind in ("reply", "error"):
                     entry = self._pending.pop(token, None)
                     if entry is not None:

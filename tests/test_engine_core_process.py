@@ -143,3 +143,17 @@ def test_process_start_failure_raises_the_engine_error(model_dir: Path, tmp_path
     weights.write_bytes(weights.read_bytes()[:1000])
     with pytest.raises(ValueError, match="safetensors"):
         AsyncLLM.from_engine_args(EngineArgs(model=str(broken), **ENGINE), engine_process=True)
+
+
+def test_wire_format_round_trips() -> None:
+    """The engine-core process sends outputs as tuples; decoding gives back equal RequestOutputs."""
+    from graphrunner.engine_core_process import decode_outputs, encode_outputs
+    from graphrunner.metrics import RequestMetrics
+    from graphrunner.outputs import CompletionOutput, Logprob
+
+    lp = [{7: Logprob(-0.5, 1, "a"), 9: Logprob(-1.5, 2, None)}]
+    outs = [RequestOutput("a", "hi", [1, 2], [CompletionOutput(0, "", [7], -0.5, lp, None, None),
+                                              CompletionOutput(1, "", [], None, None, "stop", 3)],
+                          False, [None, {2: Logprob(-2.0, 4, "b")}], RequestMetrics(1.0, 2.0, 1.5, 2.0, 0.5, None), 16),
+            RequestOutput("b", None, [], [CompletionOutput(0, "", [4, 5], None, None, "length", None)], True)]
+    assert decode_outputs(encode_outputs(outs)) == outs
