@@ -11,6 +11,7 @@ import itertools
 import logging
 import multiprocessing
 import pickle
+import queue
 import signal
 import threading
 from collections.abc import Callable
@@ -77,6 +78,37 @@ def _picklable(exc: BaseException) -> BaseException:
         return RuntimeError(f"{type(exc).__name__}: {exc}")
 
 
+class _Outbox:
+    """Every message to the server, in order, sent by a thread of its own: the loop never waits on the pipe (a
+    full pipe, a server busy elsewhere) and pays no pickling while its step runs on the device. Outputs are
+    encoded on this thread too."""
+
+    def __init__(self, conn: Connection) -> None:
+        self._conn = conn
+        self._queue: queue.SimpleQueue[tuple[str, Any, Any] | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="graphrunner-engine-core-sender", daemon=True)
+        self._thread.start()
+
+    def put(self, message: tuple[str, Any, Any]) -> None:
+        self._queue.put(message)
+
+    def outputs(self, outputs: list[RequestOutput]) -> None:
+        self._queue.put(("out", None, outputs))
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Send what is queued, then stop the thread."""
+        self._queue.put(None)
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while (message := self._queue.get()) is not None:
+            kind, token, arg = message
+            try:
+                self._conn.send((kind, token, encode_outputs(arg) if kind == "out" else arg))
+            except OSError:  # the server is gone: the loop reads EOF and ends
+                return
+
+
 def run_engine_core(config: EngineConfig, conn: Connection, max_waiting_requests: int | None) -> None:
     """The child's main: build the engine, say ready, then loop until told to stop or the parent is gone."""
     # A SIGTERM or Ctrl-C sent to the whole process group (systemd, a terminal) is the server's to handle: it
@@ -84,18 +116,19 @@ def run_engine_core(config: EngineConfig, conn: Connection, max_waiting_requests
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s engine-core: %(message)s")
+    outbox = _Outbox(conn)
     try:
         from graphrunner.engine import Engine
 
-        core = EngineCore(Engine(config), max_waiting_requests,
-                          lambda outs: conn.send(("out", None, encode_outputs(outs))))
+        core = EngineCore(Engine(config), max_waiting_requests, outbox.outputs)
     except BaseException as exc:  # noqa: BLE001 -- the parent shows why the engine could not start
-        conn.send(("dead", None, _picklable(exc)))
+        outbox.put(("dead", None, _picklable(exc)))
+        outbox.close()
         return
-    conn.send(("ready", None, None))
+    outbox.put(("ready", None, None))
     reason: BaseException = EngineDead("the engine was shut down")
     try:
-        _loop(core, conn)
+        _loop(core, conn, outbox)
     except EOFError:  # the server process is gone: nobody to serve
         core.abort_all()
         core.shutdown()
@@ -104,13 +137,11 @@ def run_engine_core(config: EngineConfig, conn: Connection, max_waiting_requests
         logger.exception("the engine-core loop failed")
         reason = exc
     core.shutdown()
-    try:
-        conn.send(("dead", None, _picklable(reason)))
-    except OSError:
-        pass
+    outbox.put(("dead", None, _picklable(reason)))
+    outbox.close()
 
 
-def _loop(core: EngineCore, conn: Connection) -> None:
+def _loop(core: EngineCore, conn: Connection, outbox: _Outbox) -> None:
     stop: str | None = None
     while True:
         # block for a command only when idle; between steps take whatever has arrived
@@ -120,15 +151,15 @@ def _loop(core: EngineCore, conn: Connection) -> None:
             kind, token, arg = conn.recv()
             if kind == "add":
                 try:
-                    conn.send(("reply", token, core.add(arg)))
+                    outbox.put(("reply", token, core.add(arg)))
                 except Exception as exc:  # noqa: BLE001 -- ValueError, QueueFull: the caller gets it
-                    conn.send(("error", token, _picklable(exc)))
+                    outbox.put(("error", token, _picklable(exc)))
             elif kind == "abort":
                 core.abort(arg)
                 if token is not None:
-                    conn.send(("reply", token, None))
+                    outbox.put(("reply", token, None))
             elif kind == "stats":
-                conn.send(("reply", token, core.prometheus_text()))
+                outbox.put(("reply", token, core.prometheus_text()))
             elif kind == "label":
                 core.set_metrics_label(*arg)
             elif kind == "stop_completion":
