@@ -36,8 +36,8 @@ def use_compile_cache(cache_dir: Path) -> None:
 
 
 # Dynamo counts compiled variants per code object, and every engine's model (same class, another
-# instance) adds its own (the general token count plus the specialised count 1): several engines in
-# one process would hit the default limit of 8 and, with fullgraph=True, fail.
+# instance) adds its own: several engines in one process would hit the default limit of 8 and, with
+# fullgraph=True, fail.
 RECOMPILE_LIMIT = 64
 
 

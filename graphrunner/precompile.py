@@ -19,9 +19,10 @@ from graphrunner.engine import Engine
 from graphrunner.sampling_params import SamplingParams
 from graphrunner.worker import build_model_state
 
-# Dynamo specialises token counts 0 and 1, and Inductor's cache keys of a symbolic graph can depend
-# on the size hint it was first traced with: precompile serves requests with prompts of these
-# lengths one after another (re-tracing for each), then single-token decodes.
+# Inductor's cache keys of a symbolic graph can depend on the size hint it was first traced with (and,
+# before capture/compiled.py set backed_size_oblivious, Dynamo specialised token counts 0 and 1):
+# precompile serves requests with prompts of these lengths one after another (re-tracing for each), then
+# single-token decodes, so whichever variant a later run traces is in the cache.
 WARMUP_TOKEN_COUNTS = (1, 3, 4, 16, 17, 64)
 
 
