@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The pending GPU verifications and benchmarks, one phase per device command (each under 10 minutes), results in
 # one tarball under $OUT (the device returns few files). Run from the repository root on the H200:
-#   bash tools/gpu_checks.sh tests      # GPU tests of every path not yet run there
+#   bash tools/gpu_checks.sh tests-a    # GPU tests of the paths not yet run there: engine, sampling, penalties
+#   bash tools/gpu_checks.sh tests-b    # ... capture, precompile, one trace, EAGLE and verify graphs
 #   bash tools/gpu_checks.sh bench      # T1 (detok both, penalties both), P1, L1 step breakdown, S1 warm/cold
 #   bash tools/gpu_checks.sh serve      # SV1 with the engine loop in a process and in a thread (needs .whl/)
 #   bash tools/gpu_checks.sh tp         # on nvidia-h200-x2: TP tests and bench_tp
 set -u
-phase=${1:?phase: tests | bench | serve | tp}
+phase=${1:?phase: tests-a | tests-b | bench | serve | tp}
 OUT=${OUT:-/tmp/out}
 R=$OUT/$phase
 mkdir -p "$R"
@@ -15,12 +16,20 @@ T="timeout --signal=KILL"
 model() { [ -d /tmp/q06 ] || python3 tools/make_bench_model.py --out /tmp/q06 --tokenizer > "$R/make_model.log" 2>&1; }
 
 case $phase in
-tests)
-  $T 560 python3 -m pytest -q -p no:cacheprovider -m gpu -x \
-    tests/test_gpu_capture.py tests/test_gpu_engine.py tests/test_engine_sampling.py tests/test_engine_penalties.py \
-    tests/test_capture_precompile.py tests/test_spec_eagle.py tests/test_spec_decode_graphs.py \
-    tests/test_penalty_counts.py tests/test_sampling_penalties.py tests/test_capture_single_trace.py \
-    > "$R/pytest_gpu.log" 2>&1
+tests-a)
+  # the kernel files without a gpu mark run on CUDA when it is there: the compiled kernels against their references
+  $T 200 python3 -m pytest -q -p no:cacheprovider --durations=10 tests/test_penalty_counts.py \
+    tests/test_sampling_penalties.py tests/test_state_kernels.py tests/test_sampling_gumbel_split.py \
+    > "$R/pytest_kernels.log" 2>&1
+  echo "pytest rc=$?" >> "$R/pytest_kernels.log"
+  $T 360 python3 -m pytest -q -p no:cacheprovider -m gpu --durations=15 \
+    tests/test_gpu_engine.py tests/test_engine_sampling.py > "$R/pytest_gpu.log" 2>&1
+  echo "pytest rc=$?" >> "$R/pytest_gpu.log"
+  ;;
+tests-b)
+  $T 560 python3 -m pytest -q -p no:cacheprovider -m gpu --durations=15 \
+    tests/test_gpu_capture.py tests/test_capture_precompile.py tests/test_spec_eagle.py \
+    tests/test_spec_decode_graphs.py > "$R/pytest_gpu.log" 2>&1
   echo "pytest rc=$?" >> "$R/pytest_gpu.log"
   ;;
 bench)
