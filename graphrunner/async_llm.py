@@ -21,7 +21,7 @@ from graphrunner.engine import Engine
 from graphrunner.engine_args import EngineArgs
 from graphrunner.engine_core import AddRequest, EngineCore, EngineDead, LoopStats, QueueFull
 from graphrunner.generation_config import generation_defaults
-from graphrunner.output_stream import MergedStream
+from graphrunner.output_stream import DeltaCursor, MergedStream
 from graphrunner.outputs import RequestOutput
 from graphrunner.sampling_params import RequestOutputKind, SamplingParams
 
@@ -115,13 +115,12 @@ class AsyncLLM:
     # -- the public coroutines -----------------------------------------------------------------
     async def generate(self, prompt: Any, sampling_params: SamplingParams | None = None,
                        request_id: str | None = None) -> AsyncIterator[RequestOutput]:
-        """Cumulative outputs of one request until its final one. ValueError (bad input), QueueFull (overload)
-        or EngineDead are raised before the first yield; closing the iterator aborts the request."""
+        """Outputs of one request until its final one: cumulative, or only what is new with output_kind=DELTA
+        (vLLM's), or only the final one with FINAL_ONLY. ValueError (bad input), QueueFull (overload) or
+        EngineDead are raised before the first yield; closing the iterator aborts the request."""
         params = sampling_params if sampling_params is not None else self.get_default_sampling_params()
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
-        if params.output_kind is RequestOutputKind.DELTA:
-            raise ValueError("output_kind=DELTA is not supported: outputs are cumulative")
         if request_id is not None and not isinstance(request_id, str):
             raise ValueError(f"request_id must be a string, got {type(request_id).__name__}")
         rid = request_id if request_id is not None else uuid.uuid4().hex
@@ -142,6 +141,7 @@ class AsyncLLM:
                 finished = not isinstance(exc, asyncio.CancelledError)
                 raise
             merged = MergedStream(params, self._tokenizer)
+            delta = DeltaCursor() if params.output_kind is RequestOutputKind.DELTA else None
             while True:
                 item = await stream.queue.get()
                 while True:  # merge every delta that arrived; the consumer reads only the newest state
@@ -156,7 +156,7 @@ class AsyncLLM:
                     self._core.stop_completion(rid, index, num_tokens, stop)
                 merged.pending_stops.clear()
                 finished = merged.finished
-                yield merged.output()
+                yield merged.output() if delta is None else delta(merged.output())
                 if finished:
                     return
         finally:

@@ -1,7 +1,8 @@
 """vLLM's `LLMEngine` interface over graphrunner's Engine: requests with caller-chosen ids, one `step()`
 at a time, outputs reported as each request's SamplingParams.output_kind asks (cumulative or final only).
 
-`LLMEngine.from_engine_args(EngineArgs(...))` builds one; `LLM` holds one as `llm.llm_engine`.
+`LLMEngine.from_engine_args(EngineArgs(...))` builds one; `LLM` holds one as `llm.llm_engine`. DELTA
+requests report only what is new (the engine's delta reports, the prompt filled in each time).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ class LLMEngine:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self._final_only: set[str] = set()  # request ids whose intermediate outputs are not reported
+        # DELTA requests' ids -> their prompt and ids (the engine sends them in a request's first delta only)
+        self._delta: dict[str, tuple[str | None, list[int]] | None] = {}
         self._defaults = generation_defaults(engine.config.generation_config, engine.config.model_dir)
 
     @classmethod
@@ -45,14 +48,17 @@ class LLMEngine:
         if not isinstance(request_id, str):
             raise ValueError(f"request_id must be a string, got {type(request_id).__name__}")
         params = params if params is not None else self.get_default_sampling_params()
-        if isinstance(params, SamplingParams) and params.output_kind is RequestOutputKind.DELTA:
-            raise ValueError("output_kind=DELTA is not supported: outputs are cumulative (or FINAL_ONLY)")
-        final_only = params.output_kind is RequestOutputKind.FINAL_ONLY
-        rid = self.engine.add_request(prompt, params, request_id, final_only=final_only)
+        kind = params.output_kind if isinstance(params, SamplingParams) else RequestOutputKind.CUMULATIVE
+        final_only = kind is RequestOutputKind.FINAL_ONLY
+        rid = self.engine.add_request(prompt, params, request_id, final_only=final_only,
+                                      delta=kind is RequestOutputKind.DELTA)
+        # marks left by an earlier request of this id that ended elsewhere (LLM.abort, an LLM step) go
+        self._final_only.discard(rid)
+        self._delta.pop(rid, None)
         if final_only:
             self._final_only.add(rid)
-        else:  # a mark left by an earlier request of this id that ended elsewhere (LLM.abort, an LLM step)
-            self._final_only.discard(rid)
+        elif kind is RequestOutputKind.DELTA:
+            self._delta[rid] = None
         return rid
 
     def step(self) -> list[RequestOutput]:
@@ -65,6 +71,8 @@ class LLMEngine:
             raise
 
     def _report(self, outputs: list[RequestOutput]) -> list[RequestOutput]:
+        if self._delta:
+            self._with_prompts(outputs)
         if not self._final_only:
             return outputs
         reported = [o for o in outputs if o.finished or o.request_id not in self._final_only]
@@ -72,6 +80,19 @@ class LLMEngine:
             if o.finished:
                 self._final_only.discard(o.request_id)
         return reported
+
+    def _with_prompts(self, outputs: list[RequestOutput]) -> None:
+        """vLLM's DELTA outputs carry the prompt every time: fill it in where the engine left it out."""
+        for out in outputs:
+            if out.request_id not in self._delta:
+                continue
+            seen = self._delta[out.request_id]
+            if seen is None:
+                self._delta[out.request_id] = (out.prompt, out.prompt_token_ids)
+            else:
+                out.prompt, out.prompt_token_ids = seen
+            if out.finished:
+                del self._delta[out.request_id]
 
     def abort_request(self, request_ids: str | Sequence[str]) -> list[RequestOutput]:
         """Abort requests by id (unknown or finished ids are skipped, as vLLM does); their final outputs."""

@@ -110,3 +110,25 @@ class MergedStream:
                                          c.finish_reason, c.stop_reason))
         return RequestOutput(head.request_id, head.prompt, head.prompt_token_ids, outs, self.finished,
                              head.prompt_logprobs, head.metrics, head.num_cached_tokens)
+
+
+class DeltaCursor:
+    """vLLM's RequestOutputKind.DELTA over a request's cumulative outputs: each output holds only what is new
+    since the previous one (tokens, text, logprobs; prompt logprobs in the first only), the prompt in every one.
+    The cumulative text must only grow (MergedStream holds back a possible stop string, so it does)."""
+
+    def __init__(self) -> None:
+        self._sent: dict[int, tuple[int, int]] = {}  # completion index -> (tokens, text characters) given out
+        self._first = True
+
+    def __call__(self, out: RequestOutput) -> RequestOutput:
+        comps = []
+        for c in out.outputs:
+            n, k = self._sent.get(c.index, (0, 0))
+            comps.append(CompletionOutput(c.index, c.text[k:], c.token_ids[n:], c.cumulative_logprob,
+                                          c.logprobs[n:] if c.logprobs is not None else None, c.finish_reason,
+                                          c.stop_reason))
+            self._sent[c.index] = (len(c.token_ids), len(c.text))
+        first, self._first = self._first, False
+        return RequestOutput(out.request_id, out.prompt, out.prompt_token_ids, comps, out.finished,
+                             out.prompt_logprobs if first else None, out.metrics, out.num_cached_tokens)

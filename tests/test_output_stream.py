@@ -1,19 +1,26 @@
 """The async front's merged stream (graphrunner/output_stream.py) and the engine's stop_completion: token-id
 deltas become the same text tokenizer.decode gives; a stop string is cut where it completes, even inside a
 several-token delta, with the later tokens and logprobs dropped and the engine told where; text that may still
-become a stop string is held back; one of n completions can stop while the other runs on.
+become a stop string is held back; one of n completions can stop while the other runs on. vLLM's DELTA outputs
+(LLMEngine and AsyncLLM) join to the cumulative output.
 """
 
 from __future__ import annotations
+
+import asyncio
+import dataclasses
 
 import pytest
 from tiny_models import make_tiny_model, tiny_tokenizer
 
 from graphrunner import SamplingParams
+from graphrunner.async_llm import AsyncLLM
 from graphrunner.engine import Engine
 from graphrunner.engine_args import EngineArgs
+from graphrunner.llm_engine import LLMEngine
 from graphrunner.output_stream import MergedStream
 from graphrunner.outputs import CompletionOutput, Logprob, RequestOutput
+from graphrunner.sampling_params import RequestOutputKind
 
 TEXT = "The weather was cold, the tea was warm, and the story was long."
 PROMPT = [5, 6, 7]
@@ -110,3 +117,79 @@ def test_stop_completion_outside_the_range_is_ignored(engine: Engine) -> None:
     while engine.has_unfinished():
         engine.step()
     assert not engine.has_request(rid)
+
+
+def _concat(deltas: list[RequestOutput]) -> list[tuple[str, list[int], list[dict[int, float]] | None, str | None]]:
+    """Per completion: the deltas' text, tokens and logprobs joined, and the last finish reason."""
+    joined: dict[int, list] = {}
+    for d in deltas:
+        assert d.prompt_token_ids == PROMPT_IDS  # vLLM's DELTA outputs carry the prompt every time
+        for c in d.outputs:
+            acc = joined.setdefault(c.index, ["", [], None, None])
+            acc[0] += c.text
+            acc[1] += c.token_ids
+            if c.logprobs is not None:
+                acc[2] = (acc[2] or []) + [{t: round(lp.logprob, 4) for t, lp in e.items()} for e in c.logprobs]
+            acc[3] = c.finish_reason
+    return [tuple(v) for _, v in sorted(joined.items())]
+
+
+def _full(out: RequestOutput) -> list[tuple[str, list[int], list[dict[int, float]] | None, str | None]]:
+    return [(c.text, list(c.token_ids),
+             None if c.logprobs is None else [{t: round(lp.logprob, 4) for t, lp in e.items()} for e in c.logprobs],
+             c.finish_reason) for c in out.outputs]
+
+
+PROMPT_IDS = [11, 22, 33, 44, 55]
+
+
+def _delta_params(engine: Engine, kind: RequestOutputKind) -> SamplingParams:
+    """Greedy with logprobs, prompt logprobs and a stop string cut from the greedy text (so the stop is met)."""
+    probe = engine.add_request(list(PROMPT_IDS), SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True),
+                               "probe", final_only=True)
+    text = ""
+    while engine.has_unfinished():
+        for out in engine.step():
+            if out.request_id == probe:
+                text = out.outputs[0].text
+    stop = next(text[i:i + 2] for i in range(len(text) // 2, len(text) - 1) if text[i:i + 2].strip())
+    return SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True, logprobs=1, prompt_logprobs=1,
+                          stop=[stop], output_kind=kind)
+
+
+def test_llm_engine_delta_outputs_join_to_the_cumulative_one(engine: Engine) -> None:
+    llm_engine = LLMEngine(engine)
+    delta_params = _delta_params(engine, RequestOutputKind.DELTA)
+    full_params = dataclasses.replace(delta_params, output_kind=RequestOutputKind.CUMULATIVE)
+    llm_engine.add_request("d", {"prompt_token_ids": list(PROMPT_IDS)}, delta_params)
+    llm_engine.add_request("c", {"prompt_token_ids": list(PROMPT_IDS)}, full_params)
+    deltas, final = [], None
+    while llm_engine.has_unfinished_requests():
+        for out in llm_engine.step():
+            if out.request_id == "d":
+                deltas.append(out)
+            elif out.finished:
+                final = out
+    assert final is not None and len(deltas) > 2 and deltas[-1].finished
+    assert _concat(deltas) == _full(final) and final.outputs[0].finish_reason == "stop"
+    assert deltas[0].prompt_logprobs is not None and all(d.prompt_logprobs is None for d in deltas[1:])
+    assert not llm_engine._delta  # nothing left behind
+
+
+def test_async_delta_outputs_join_to_the_cumulative_one(engine: Engine) -> None:
+    delta_params = _delta_params(engine, RequestOutputKind.DELTA)
+    full_params = dataclasses.replace(delta_params, output_kind=RequestOutputKind.CUMULATIVE)
+    llm = AsyncLLM.from_engine(engine)
+    try:
+        async def run(params: SamplingParams, rid: str) -> list[RequestOutput]:
+            return [o async for o in llm.generate({"prompt_token_ids": list(PROMPT_IDS)}, params, rid)]
+
+        async def both() -> tuple[list[RequestOutput], list[RequestOutput]]:
+            return await asyncio.gather(run(delta_params, "ad"), run(full_params, "ac"))
+
+        deltas, fulls = asyncio.run(both())
+    finally:
+        llm.shutdown()
+    assert deltas[-1].finished and _concat(deltas) == _full(fulls[-1])
+    assert fulls[-1].outputs[0].finish_reason == "stop"
+    assert deltas[0].prompt_logprobs is not None and all(d.prompt_logprobs is None for d in deltas[1:])
