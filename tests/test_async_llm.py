@@ -205,10 +205,8 @@ def test_a_dead_tensor_parallel_worker_ends_the_loop() -> None:
 
         asyncio.run(collect())  # the request's final output (finish_reason "error") still reaches its stream
         assert outs[-1].outputs[0].finish_reason == "error"
-        for _ in range(100):
-            if not llm.is_running:
-                break
-            threading.Event().wait(0.02)
+        llm._core._thread.join(10)  # the loop thread ends once it has shut the engine down
+        assert not llm._core._thread.is_alive()
         assert not llm.is_running and engine.shut_down
         with pytest.raises(EngineDead, match="worker rank 1"):
             asyncio.run(_all(llm))
