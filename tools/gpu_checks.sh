@@ -3,11 +3,13 @@
 # one tarball under $OUT (the device returns few files). Run from the repository root on the H200:
 #   bash tools/gpu_checks.sh tests-a    # GPU tests of the paths not yet run there: engine, sampling, penalties
 #   bash tools/gpu_checks.sh tests-b    # ... capture, precompile, one trace, EAGLE and verify graphs
-#   bash tools/gpu_checks.sh bench      # T1 (detok both, penalties both), P1, L1 step breakdown, S1 warm/cold
+#   bash tools/gpu_checks.sh bench      # T1: seven back-to-back runs; with and without detokenization
+#   bash tools/gpu_checks.sh bench2     # T1 with and without penalties, P1 (with profile), L1 step breakdown
+#   bash tools/gpu_checks.sh startup    # S1: cold, precompile, warm, eager
 #   bash tools/gpu_checks.sh serve      # SV1 with the engine loop in a process and in a thread (needs .whl/)
 #   bash tools/gpu_checks.sh tp         # on nvidia-h200-x2: TP tests and bench_tp
 set -u
-phase=${1:?phase: tests-a | tests-b | bench | serve | tp}
+phase=${1:?phase: tests-a | tests-b | bench | bench2 | startup | serve | tp}
 OUT=${OUT:-/tmp/out}
 R=$OUT/$phase
 mkdir -p "$R"
@@ -34,14 +36,27 @@ tests-b)
   ;;
 bench)
   model
-  $T 200 python3 tools/bench_throughput.py --model /tmp/q06 --no-peer --both-detok --runs 3 \
+  # issue 19: seven back-to-back T1 runs in a fresh process (the first within 10% of the median), then T1 with
+  # and without detokenization alternating in one process
+  $T 260 python3 tools/bench_throughput.py --model /tmp/q06 --no-peer --detokenize --runs 7 \
+    --json "$R/t1_seven.json" > "$R/t1_seven.log" 2>&1
+  $T 260 python3 tools/bench_throughput.py --model /tmp/q06 --no-peer --both-detok --runs 3 \
     --json "$R/t1_detok.json" > "$R/t1_detok.log" 2>&1
-  $T 150 python3 tools/bench_throughput.py --model /tmp/q06 --no-peer --penalties both --runs 2 \
+  ;;
+bench2)
+  model
+  $T 200 python3 tools/bench_throughput.py --model /tmp/q06 --no-peer --penalties both --runs 2 \
     --json "$R/t1_pen.json" > "$R/t1_pen.log" 2>&1
-  $T 90 python3 tools/bench_prefix_cache.py --model /tmp/q06 --repeats 5 --profile \
+  $T 150 python3 tools/bench_prefix_cache.py --model /tmp/q06 --repeats 5 --profile \
     --json "$R/p1.json" > "$R/p1.log" 2>&1
-  $T 90 python3 tools/bench_step_breakdown.py --model /tmp/q06 --json "$R/step_breakdown.json" \
+  $T 150 python3 tools/bench_step_breakdown.py --model /tmp/q06 --json "$R/step_breakdown.json" \
     --trace /tmp/step_trace.json > "$R/step_breakdown.log" 2>&1
+  ;;
+startup)
+  model
+  # S1: cold (empty caches), precompile, warm start from it, eager
+  $T 560 python3 tools/bench_startup.py --model /tmp/q06 --steps precompile,warm,cold,eager \
+    --json "$R/s1.json" > "$R/s1.log" 2>&1
   ;;
 serve)
   model
