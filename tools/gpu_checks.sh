@@ -6,10 +6,11 @@
 #   bash tools/gpu_checks.sh bench      # T1: seven back-to-back runs; with and without detokenization
 #   bash tools/gpu_checks.sh bench2     # T1 with and without penalties, P1 (with profile), L1 step breakdown
 #   bash tools/gpu_checks.sh startup    # S1: cold, precompile, warm, eager
-#   bash tools/gpu_checks.sh serve      # SV1 with the engine loop in a process and in a thread (needs .whl/)
+#   bash tools/gpu_checks.sh serve      # offline L1 and T1, then SV1 with the engine loop in a process (needs .whl/)
+#   bash tools/gpu_checks.sh serve-thread  # SV1 with the loop in a thread of the server (the old layout)
 #   bash tools/gpu_checks.sh tp         # on nvidia-h200-x2: TP tests and bench_tp
 set -u
-phase=${1:?phase: tests-a | tests-b | bench | bench2 | startup | serve | tp}
+phase=${1:?phase: tests-a | tests-b | bench | bench2 | startup | serve | serve-thread | tp}
 OUT=${OUT:-/tmp/out}
 R=$OUT/$phase
 mkdir -p "$R"
@@ -62,9 +63,19 @@ serve)
   model
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
   export PYTHONPATH=$PYTHONPATH:/tmp/site
-  $T 280 python3 tools/bench_sv1.py --model /tmp/q06 --engine-process --log "$R/serve_proc.log" \
-    --json "$R/sv1_process.json" > "$R/sv1_process.out" 2>&1
-  $T 280 python3 tools/bench_sv1.py --model /tmp/q06 --no-engine-process --log "$R/serve_thread.log" \
+  # the offline figures SV1 is held against, in the same run: L1 and T1 (with detokenization, as the server does)
+  $T 120 python3 tools/bench_latency.py --model /tmp/q06 --no-peer --workloads L1 --json "$R/l1.json" \
+    > "$R/l1.log" 2>&1
+  $T 150 python3 tools/bench_throughput.py --model /tmp/q06 --no-peer --detokenize --json "$R/t1.json" \
+    > "$R/t1.log" 2>&1
+  $T 270 python3 tools/bench_sv1.py --model /tmp/q06 --engine-process --offline-l1 "$R/l1.json" \
+    --offline-t1 "$R/t1.json" --log "$R/serve_proc.log" --json "$R/sv1_process.json" > "$R/sv1_process.out" 2>&1
+  ;;
+serve-thread)
+  model
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  export PYTHONPATH=$PYTHONPATH:/tmp/site
+  $T 270 python3 tools/bench_sv1.py --model /tmp/q06 --no-engine-process --log "$R/serve_thread.log" \
     --json "$R/sv1_thread.json" > "$R/sv1_thread.out" 2>&1
   ;;
 tp)
