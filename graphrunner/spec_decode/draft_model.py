@@ -16,9 +16,9 @@ import torch
 from torch import nn
 
 from graphrunner.attention import forward_context
-from graphrunner.input_prep import StepInputs, prepare_inputs
+from graphrunner.input_prep import StepInputs
 from graphrunner.spec_config import SpeculativeConfig
-from graphrunner.spec_decode.update import write_tail
+from graphrunner.spec_decode.draft_steps import DraftSteps
 from graphrunner.state_table import StateTable
 from graphrunner.step_plan import StepShape
 from model_states.base import ModelState
@@ -57,26 +57,12 @@ class DraftModelProposer:
     def propose(self, idx_mapping: torch.Tensor, seq_lens_upper: tuple[int, ...]) -> None:
         """After the post-update: k greedy draft tokens per row from its last token (position num_computed).
         seq_lens_upper: host upper bounds of each row's num_computed (the step's StepShape.seq_lens)."""
-        st, k = self.state, self.config.num_speculative_tokens
-        b = idx_mapping.shape[0]
-        if b == 0:
+        if idx_mapping.shape[0] == 0:
             return
-        max_len = st.token_ids.shape[1]
-        rows = idx_mapping.long()  # [B] int64
-        nc = st.num_computed.index_select(0, rows)  # [B] int32, position of each row's last token
-        nt = st.num_tokens.index_select(0, rows).long()  # [B] int64
-        ones = torch.ones(b, dtype=torch.int32, device=idx_mapping.device)
-        cols = st.block_table.shape[1]
-        positions = st.num_computed.clone()  # [R] int32, a scratch copy the prep kernel reads
+        k = self.config.num_speculative_tokens
+        steps = DraftSteps(idx_mapping, self.state, self.draft.model_state.block_size, self.use_triton,
+                           seq_lens_upper)
         for i in range(k):
-            # the draft's i-th input is token_ids[row, nc + i] (the last token, then the drafts just written); a
-            # position past the row is clamped to its last one (a request at max_model_len: nothing is used there)
-            positions.index_copy_(0, rows, (nc + i).clamp(max=max_len - 1))
-            inputs = prepare_inputs(idx_mapping, ones, st.token_ids, positions, st.block_table,
-                                    self.draft.model_state.block_size, b, cols, self.use_triton)
-            shape = StepShape(b, b, (1,) * b, tuple(min(s + i + 1, max_len) for s in seq_lens_upper))
-            hidden = self._forward(inputs, shape)  # [B, hidden]
-            tok = self.draft.model.compute_logits(hidden).argmax(dim=-1).to(torch.int32)  # [B] int32
-            room = (nt + i < max_len).to(torch.int64)  # [B] int64: this draft fits the row
-            write_tail(st.token_ids, rows, nt + i, tok[:, None], room)
-        st.num_drafts.index_copy_(0, rows, (max_len - nt).clamp(0, k).to(torch.int32))
+            hidden = self._forward(*steps.inputs(i))  # [B, hidden]
+            steps.write(i, self.draft.model.compute_logits(hidden).argmax(dim=-1).to(torch.int32))
+        steps.finish(k)

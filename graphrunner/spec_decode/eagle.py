@@ -17,9 +17,9 @@ import torch
 from torch import nn
 
 from graphrunner.attention import forward_context
-from graphrunner.input_prep import StepInputs, prepare_inputs
+from graphrunner.input_prep import StepInputs
 from graphrunner.spec_config import SpeculativeConfig
-from graphrunner.spec_decode.update import write_tail
+from graphrunner.spec_decode.draft_steps import DraftSteps
 from graphrunner.state_table import StateTable
 from graphrunner.step_plan import StepShape
 from model_states.base import ModelState
@@ -88,25 +88,13 @@ class EagleProposer:
         h = self.observe(idx_mapping, inputs, shape, hidden)  # [B, H]
         if not draft:
             return
-        max_len = st.token_ids.shape[1]
-        rows = idx_mapping.long()  # [B] int64
-        nc = st.num_computed.index_select(0, rows)  # [B] int32: the first position without KV
-        nt = st.num_tokens.index_select(0, rows).long()  # [B] int64
-        ones = torch.ones(b, dtype=torch.int32, device=idx_mapping.device)
-        cols = st.block_table.shape[1]
-        positions = st.num_computed.clone()  # [R] int32, a scratch copy the prep kernel reads
+        steps = DraftSteps(idx_mapping, st, self.draft.model_state.block_size, self.use_triton, shape.seq_lens)
         tok = self.target.compute_logits(h).argmax(dim=-1)  # [B] int64: the first draft
         for i in range(k):
-            room = (nt + i < max_len).to(torch.int64)  # [B] int64: draft i fits the row
-            write_tail(st.token_ids, rows, nt + i, tok[:, None], room)
+            steps.write(i, tok)
             if i == k - 1:
                 break
-            # draft i + 1 from the head at position nc - 1 + i + 1, reading draft i and the head's last output; a
-            # position past the row is clamped to its last one (a request at max_model_len: nothing is used there)
-            positions.index_copy_(0, rows, (nc + i).clamp(max=max_len - 1))
-            step = prepare_inputs(idx_mapping, ones, st.token_ids, positions, st.block_table,
-                                  self.draft.model_state.block_size, b, cols, self.use_triton)
-            step_shape = StepShape(b, b, (1,) * b, tuple(min(s + i + 1, max_len) for s in shape.seq_lens))
-            h = self._head(step, step_shape, tok, h)  # [B, H]
+            # draft i + 1 from the head at position num_computed + i, reading draft i and the head's last output
+            h = self._head(*steps.inputs(i), tok, h)  # [B, H]
             tok = self.target.compute_logits(h).argmax(dim=-1)  # [B] int64
-        st.num_drafts.index_copy_(0, rows, (max_len - nt).clamp(0, k).to(torch.int32))
+        steps.finish(k)
