@@ -12,7 +12,7 @@ import random
 from pathlib import Path
 
 import pytest
-import torch
+from sync_check import SyncFreeLaunches
 from tiny_models import make_tiny_model
 
 from graphrunner import LLM, SamplingParams
@@ -170,17 +170,7 @@ def test_padded_rows_write_no_kv(model_dir: Path) -> None:
 
 def test_graph_step_loop_never_synchronises(model_dir: Path) -> None:
     llm = LLM(model=model_dir, dtype="float32", max_model_len=256, device="cuda", max_num_batched_tokens=48)
-    engine = llm.engine
-    launch = engine.runner.execute
-
-    def checked(sched):  # type: ignore[no-untyped-def]
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            return launch(sched)
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-
-    engine.runner.execute = checked  # type: ignore[method-assign]
+    SyncFreeLaunches(llm.engine)
     params = [SamplingParams(temperature=t, max_tokens=16, ignore_eos=True, seed=i)
               for i, t in enumerate([0.0, 0.8] * 6)]
     outs = llm.generate(_prompts(12, 5, 3, 60), params)

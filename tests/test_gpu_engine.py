@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from sync_check import SyncFreeLaunches
 from tiny_models import hf_greedy, make_tiny_model, model_state_for
 
 from graphrunner import LLM, SamplingParams
@@ -125,20 +126,7 @@ def test_step_loop_never_synchronises(tmp_path: Path) -> None:
     llm = LLM(model=model_dir, max_model_len=512, num_gpu_blocks_override=40, max_num_batched_tokens=48,
               block_size=16, device="cuda")
     engine = llm.engine
-    launch = engine.runner.execute
-    launches = 0
-
-    def checked(sched):  # type: ignore[no-untyped-def]
-        nonlocal launches
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            schedule_and_launch = launch(sched)
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-        launches += 1
-        return schedule_and_launch
-
-    engine.runner.execute = checked  # type: ignore[method-assign]
+    launches = SyncFreeLaunches(engine)
     extras = [{}, {"top_k": 5, "top_p": 0.9}, {"min_p": 0.1, "repetition_penalty": 1.2},
               {"presence_penalty": 0.5, "frequency_penalty": 0.3, "logprobs": 3}, {"logit_bias": {5: 2.0}},
               {"allowed_token_ids": list(range(100))}, {"prompt_logprobs": 2, "min_tokens": 4, "stop_token_ids": [9]},
@@ -146,6 +134,6 @@ def test_step_loop_never_synchronises(tmp_path: Path) -> None:
     params = [SamplingParams(temperature=t, max_tokens=24, ignore_eos=True, seed=i, **extras[i % len(extras)])
               for i, t in enumerate([0.0, 0.7, 1.0] * 4)]
     outs = llm.generate(_prompts(512)[:8] + _prompts(512)[:4], params)
-    assert launches > 24 and all(len(o.outputs[0].token_ids) == 24 or o.outputs[0].finish_reason == "stop"
+    assert launches.count > 24 and all(len(o.outputs[0].token_ids) == 24 or o.outputs[0].finish_reason == "stop"
                                  for o in outs)
     assert engine.scheduler.num_preemptions > 0

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import torch
+from sync_check import SyncFreeLaunches
 from tiny_models import make_tiny_model
 
 from graphrunner import LLM, SamplingParams
@@ -77,24 +78,11 @@ def test_rank0_step_launch_never_synchronises(tmp_path: Path) -> None:
               max_num_batched_tokens=48, block_size=16, device="cuda")
     try:
         engine = llm.engine
-        launch = engine.runner.execute
-        launches = 0
-
-        def checked(sched):  # type: ignore[no-untyped-def]
-            nonlocal launches
-            torch.cuda.set_sync_debug_mode("error")
-            try:
-                out = launch(sched)
-            finally:
-                torch.cuda.set_sync_debug_mode("default")
-            launches += 1
-            return out
-
-        engine.runner.execute = checked  # type: ignore[method-assign]
+        launches = SyncFreeLaunches(engine)
         params = [SamplingParams(temperature=t, max_tokens=24, ignore_eos=True, seed=i, logprobs=2 if i % 3 else None)
                   for i, t in enumerate([0.0, 0.7, 1.0] * 4)]
         outs = llm.generate(_prompts()[:8] + _prompts()[:4], params, use_tqdm=False)
-        assert launches > 24 and all(len(o.outputs[0].token_ids) == 24 for o in outs)
+        assert launches.count > 24 and all(len(o.outputs[0].token_ids) == 24 for o in outs)
         assert engine.scheduler.num_preemptions > 0
     finally:
         llm.engine.shutdown()

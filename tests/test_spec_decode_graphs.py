@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
+from sync_check import SyncFreeLaunches
 from tiny_models import make_tiny_model
 
 from capture.manager import CaptureManager
@@ -137,23 +137,10 @@ def test_gpu_spec_step_loop_never_synchronises(tmp_path: Path) -> None:
     llm = LLM(model=model_dir, max_model_len=256, num_gpu_blocks_override=24, max_num_batched_tokens=32,
               block_size=16, device="cuda", speculative_config=SPEC)
     engine = llm.engine
-    launch = engine.runner.execute
-    launches = 0
-
-    def checked(sched):  # type: ignore[no-untyped-def]
-        nonlocal launches
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            out = launch(sched)
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-        launches += 1
-        return out
-
-    engine.runner.execute = checked  # type: ignore[method-assign]
+    launches = SyncFreeLaunches(engine)
     extras = [{}, {"top_k": 5, "top_p": 0.9}, {"logprobs": 2}, {"repetition_penalty": 1.2}, {"min_tokens": 4}]
     params = [SamplingParams(temperature=t, max_tokens=24, ignore_eos=True, seed=i, **extras[i % len(extras)])
               for i, t in enumerate([0.0, 0.7, 1.0] * 4)]
     outs = llm.generate((_prompts() * 2)[:12], params)
-    assert launches > 10 and all(len(o.outputs[0].token_ids) == 24 for o in outs)
+    assert launches.count > 10 and all(len(o.outputs[0].token_ids) == 24 for o in outs)
     assert engine.stats.spec_decode_counts[2] > 0

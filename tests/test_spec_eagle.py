@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import torch
 from safetensors.torch import load_file
+from sync_check import SyncFreeLaunches
 from tiny_eagle import make_attention_free_pair, make_eagle_head
 from tiny_models import make_tiny_model, model_state_for
 
@@ -322,16 +323,7 @@ def test_gpu_eagle_graphs_on_equal_eager(tmp_path: Path, k: int) -> None:
     exact_target, exact_head = make_attention_free_pair(tmp_path / "exact")
     expected = _tokens(LLM(model=exact_target, enforce_eager=True, **kwargs))
     llm = LLM(model=exact_target, speculative_config=_spec(exact_head, k), **kwargs)
-    launch = llm.engine.runner.execute
-
-    def checked(sched: Any) -> Any:
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            return launch(sched)
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-
-    llm.engine.runner.execute = checked  # type: ignore[method-assign]
+    SyncFreeLaunches(llm.engine)
     assert _tokens(llm) == expected
     assert llm.engine.runner.graphs.mode_counts[StepMode.FULL] > 0
     _, draft_tokens, accepted = llm.engine.stats.spec_decode_counts
