@@ -164,6 +164,10 @@ class Engine:
             return self._finished([parent])[0]
         return None
 
+    def request_ids(self) -> list[str]:
+        """The ids of the requests not yet finished (and reported)."""
+        return list(self._parents)
+
     def has_request(self, request_id: str) -> bool:
         return request_id in self._parents
 

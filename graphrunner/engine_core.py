@@ -71,7 +71,6 @@ class EngineCore:
         self.engine = engine
         self.max_waiting_requests = max_waiting_requests
         self._emit = emit
-        self._live: set[str] = set()  # requests added here and not yet finished
         self.loop_stats = LoopStats()
 
     def add(self, command: AddRequest) -> str:
@@ -81,7 +80,6 @@ class EngineCore:
         final_only = command.params.output_kind is RequestOutputKind.FINAL_ONLY
         rid = self.engine.add_request(command.prompt, command.params, command.request_id, final_only=final_only,
                                       delta=not final_only, detokenize=False)
-        self._live.add(rid)
         return rid
 
     def abort(self, request_id: str) -> None:
@@ -97,7 +95,7 @@ class EngineCore:
             self._send([out])
 
     def abort_all(self) -> None:
-        for rid in list(self._live):
+        for rid in self.engine.request_ids():
             self.abort(rid)
 
     def has_work(self) -> bool:
@@ -129,9 +127,6 @@ class EngineCore:
         self.engine.shutdown()  # tensor-parallel workers, if any
 
     def _send(self, outputs: list[RequestOutput]) -> None:
-        for out in outputs:
-            if out.finished:
-                self._live.discard(out.request_id)
         if outputs:
             self._emit(outputs)
 

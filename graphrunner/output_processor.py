@@ -49,17 +49,14 @@ class ParentRequest:
         that may still become part of a stop string is held back until its completion finishes, so text once
         reported is never taken back."""
         self.finish_text()
-        done = all(c.finished for c in self.children)
         first = not self._sent
-        if first:
-            self._sent = [(0, 0)] * len(self.children)
-        if not done and all(len(c.output_token_ids) == sent for c, (sent, _) in zip(self.children, self._sent)):
-            if first:
-                self._sent = []
+        sent = self._sent or [(0, 0)] * len(self.children)
+        if (not all(c.finished for c in self.children)
+                and all(len(c.output_token_ids) == n for c, (n, _) in zip(self.children, sent))):
             return None
         outs = []
         for i, (child, detok) in enumerate(zip(self.children, self.detoks)):
-            sent_tokens, sent_chars = self._sent[i]
+            sent_tokens, sent_chars = sent[i]
             text = detok.output_text if detok is not None else ""
             limit = len(text)
             if detok is not None and not child.finished and detok.max_stop_len > 1:
@@ -71,7 +68,9 @@ class ParentRequest:
                 cumulative_logprob=self.cumulative[i] if lps is not None else None,
                 logprobs=lps[sent_tokens:] if lps is not None else None,
                 finish_reason=child.finish_reason, stop_reason=child.stop_reason))
-            self._sent[i] = (len(ids), limit)
+            sent[i] = (len(ids), limit)
+        self._sent = sent
+        done = all(c.finished for c in self.children)
         cached = max(0, self.children[0].num_cached_tokens)
         return RequestOutput(self.request_id, self.prompt if first else None, self.prompt_token_ids if first else [],
                              outs, done, self.prompt_logprobs if first else None, num_cached_tokens=cached)

@@ -43,6 +43,9 @@ class FakeEngine:
     def has_unfinished(self) -> bool:
         return bool(self.requests)
 
+    def request_ids(self) -> list[str]:
+        return list(self.requests)
+
     def shutdown(self) -> None:
         self.shut_down = True
 
