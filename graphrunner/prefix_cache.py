@@ -14,8 +14,13 @@ _ROOT = b"graphrunner-prefix-cache-v1"
 
 def hash_block(parent: BlockHash | None, token_ids: list[int], salt: str | None = None) -> BlockHash:
     """The key of one full block: SHA-256 over (parent key, its token ids, the salt, for the first block)."""
+    return _hash_packed(parent, struct.pack(f"<{len(token_ids)}q", *token_ids), salt)
+
+
+def _hash_packed(parent: BlockHash | None, packed: bytes | memoryview, salt: str | None) -> BlockHash:
+    """hash_block over token ids already packed as little-endian int64."""
     h = hashlib.sha256(parent if parent is not None else _ROOT)
-    h.update(struct.pack(f"<{len(token_ids)}q", *token_ids))
+    h.update(packed)
     if parent is None and salt is not None:  # the first key carries the salt, and every later key chains it
         h.update(b"\x00salt\x00" + salt.encode())
     return h.digest()
@@ -38,9 +43,5 @@ def extend_block_hashes(hashes: list[BlockHash], token_ids: list[int], num_token
     width = 8 * block_size
     parent = hashes[first - 1] if first else None
     for i in range(end - first):
-        h = hashlib.sha256(parent if parent is not None else _ROOT)
-        h.update(buf[i * width:(i + 1) * width])
-        if parent is None and salt is not None:
-            h.update(b"\x00salt\x00" + salt.encode())
-        parent = h.digest()
+        parent = _hash_packed(parent, buf[i * width:(i + 1) * width], salt)
         hashes.append(parent)
