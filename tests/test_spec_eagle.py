@@ -336,8 +336,8 @@ def test_train_eagle_tool_writes_a_head_the_engine_loads(qwen3: tuple[Path, Path
     the real loader and drafts, and greedy outputs stay equal."""
     import importlib.util
 
-    path = Path(__file__).resolve().parents[1] / "tools" / "train_demo_model.py"
-    spec = importlib.util.spec_from_file_location("train_demo_model", path)
+    path = Path(__file__).resolve().parents[1] / "tools" / "train_eagle_head.py"
+    spec = importlib.util.spec_from_file_location("train_eagle_head", path)
     assert spec is not None and spec.loader is not None
     tool = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tool)
