@@ -365,9 +365,6 @@ def _precompile(args: argparse.Namespace) -> int:
     return 0
 
 
-SERVE_SWITCH_INTERVAL_S = 0.0005
-
-
 def _serve(args: argparse.Namespace) -> int:
     import os
     import signal
@@ -376,6 +373,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     from graphrunner.async_llm import AsyncLLM
     from graphrunner.engine_args import EngineArgs
+    from graphrunner.engine_core import SWITCH_INTERVAL_S
     from graphrunner.server import build_app
 
     if args.max_waiting_requests is not None and args.max_waiting_requests < 0:
@@ -384,7 +382,7 @@ def _serve(args: argparse.Namespace) -> int:
     # The thread that hands outputs over (the engine loop, or the engine-core process's reader) and the HTTP
     # event loop share this process's GIL. With Python's default 5 ms switch interval an output handed over waits
     # up to 5 ms for the HTTP thread to run (TTFT and ITL pay it); 0.5 ms bounds that wait.
-    sys.setswitchinterval(SERVE_SWITCH_INTERVAL_S)
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     llm = AsyncLLM.from_engine_args(engine_args, args.max_waiting_requests, engine_process=args.engine_process)
     app = build_app(llm, args.served_model_name or args.model, args.api_key or os.environ.get("GRAPHRUNNER_API_KEY"))
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,

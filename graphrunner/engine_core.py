@@ -18,6 +18,10 @@ from graphrunner.tp_executor import WorkerDied
 
 logger = logging.getLogger(__name__)
 
+# A process where a thread hands outputs to another (the engine loop to the HTTP event loop, or to the pipe's
+# sender) runs with this GIL switch interval: an output handed over waits at most this long for its thread.
+SWITCH_INTERVAL_S = 0.0005
+
 
 class QueueFull(RuntimeError):
     """More requests are waiting than `max_waiting_requests` allows; try again later."""

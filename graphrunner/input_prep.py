@@ -34,7 +34,9 @@ class StepBuffers:
     captured CUDA graph (and the model's first compiled piece) always reads the same addresses.
 
     `step_rows` holds a step's (padded) state-table rows, then its per-row token counts: the host
-    ships both in one H2D copy, and a FULL graph reads them at a fixed address."""
+    ships both in one H2D copy, and a FULL graph reads them at a fixed address. The counts start at a
+    multiple of 4 entries (16 bytes): Triton specialises kernels on pointer alignment, so a view whose
+    alignment followed the batch size would compile new kernel variants in the middle of serving."""
 
     def __init__(self, max_reqs: int, max_tokens: int, max_block_cols: int, device: torch.device,
                  padding_row: int | None = None) -> None:
@@ -46,7 +48,7 @@ class StepBuffers:
         self.slot_mapping = torch.full((max_tokens,), -1, **i64)    # [T_max] int64
         self.block_table = torch.zeros(max_reqs * max_block_cols, **i32)  # [B_max * C_max] int32, viewed [B, C]
         self.logits_indices = torch.zeros(max_reqs, **i64)          # [B_max] int64
-        self.step_rows = torch.zeros(2 * max_reqs, **i32)           # [2 * B_max] int32: P rows, then P counts
+        self.step_rows = torch.zeros(2 * max_reqs + 4, **i32)       # [2 * B_max + 4] int32: rows, then counts
         self.max_block_cols = max_block_cols
         self.padding_row = max_reqs if padding_row is None else padding_row  # a state row no request owns
 
@@ -60,14 +62,29 @@ class StepBuffers:
                           self.block_table[:num_reqs * num_block_cols].view(num_reqs, num_block_cols),
                           self.logits_indices[:num_reqs])
 
+    @staticmethod
+    def counts_offset(padded: int) -> int:
+        """Where a step of `padded` rows keeps its token counts in step_rows: the first 16-byte boundary after
+        its rows."""
+        return -(-padded // 4) * 4
+
     def rows(self, num_reqs: int, padded: int) -> tuple[Tensor, Tensor]:
         """(idx_mapping [num_reqs] int32, num_scheduled [num_reqs] int32) of a step padded to `padded` rows."""
-        return self.step_rows[:num_reqs], self.step_rows[padded:padded + num_reqs]
+        off = self.counts_offset(padded)
+        return self.step_rows[:num_reqs], self.step_rows[off:off + num_reqs]
+
+    def stage_rows(self, rows: list[int], counts: list[int], padded: int) -> Tensor:
+        """The host image of step_rows[:counts_offset(padded) + padded] for a step: rows, then the padding row up
+        to `padded`, zeros up to the counts' offset, the counts, zeros for the padding rows."""
+        pad, off = padded - len(rows), self.counts_offset(padded)
+        return torch.tensor(rows + [self.padding_row] * pad + [0] * (off - padded) + counts + [0] * pad,
+                            dtype=torch.int32)
 
     def fill_padding_rows(self, num_reqs: int) -> None:
         """Point the first num_reqs step rows at the padding row with 0 tokens (capture's dummy batch)."""
+        off = self.counts_offset(num_reqs)
         self.step_rows[:num_reqs].fill_(self.padding_row)
-        self.step_rows[num_reqs:2 * num_reqs].zero_()
+        self.step_rows[off:off + num_reqs].zero_()
 
 
 def _check_args(
@@ -144,7 +161,7 @@ def prepare_inputs_ref(
     return StepInputs(input_ids, pos, query_start_loc, seq_lens, slot_mapping, gathered, logits_indices)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["out_bt_stride", "num_reqs", "num_tokens", "num_block_cols"])
 def _prepare_inputs_kernel(
     idx_mapping_ptr,  # [B] int32
     num_sched_ptr,  # [B] int32

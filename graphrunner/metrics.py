@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_left
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from itertools import pairwise
 
 # --- vLLM's metric records (vllm.v1.metrics.reader): same class names, fields and field order -----------------
@@ -265,8 +265,11 @@ class EngineStats:
         return state
 
     def request_metrics(self, request_id: str) -> RequestMetrics:
-        """A copy of the request's timestamps so far (for RequestOutput.metrics)."""
-        return replace(self._get(request_id))
+        """A copy of the request's timestamps so far (for RequestOutput.metrics); built field by field, which costs a
+        fifth of dataclasses.replace (the server asks for one per request per step)."""
+        m = self._get(request_id)
+        return RequestMetrics(m.arrival_time, m.last_token_time, m.first_scheduled_time, m.first_token_time,
+                              m.time_in_queue, m.finished_time)
 
     @property
     def num_tracked_requests(self) -> int:

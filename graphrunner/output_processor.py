@@ -48,6 +48,8 @@ class ParentRequest:
         engine-core process pickles every report; prompt logprobs are complete once a token was sampled). Text
         that may still become part of a stop string is held back until its completion finishes, so text once
         reported is never taken back."""
+        if len(self.children) == 1 and self.detoks[0] is None and not self.logprobs:
+            return self._delta_ids_only()
         self.finish_text()
         first = not self._sent
         sent = self._sent or [(0, 0)] * len(self.children)
@@ -74,6 +76,23 @@ class ParentRequest:
         cached = max(0, self.children[0].num_cached_tokens)
         return RequestOutput(self.request_id, self.prompt if first else None, self.prompt_token_ids if first else [],
                              outs, done, self.prompt_logprobs if first else None, num_cached_tokens=cached)
+
+    def _delta_ids_only(self) -> RequestOutput | None:
+        """delta_output for the server's common case, once per request per step: one completion, no text made
+        here (the front detokenizes), no logprobs."""
+        child = self.children[0]
+        first = not self._sent
+        sent_tokens = 0 if first else self._sent[0][0]
+        ids = child.output_token_ids
+        done = child.finished
+        if not done and len(ids) == sent_tokens:
+            return None
+        self._sent = [(len(ids), 0)]
+        out = CompletionOutput(child.index, "", ids[sent_tokens:], finish_reason=child.finish_reason,
+                               stop_reason=child.stop_reason)
+        return RequestOutput(self.request_id, self.prompt if first else None, self.prompt_token_ids if first else [],
+                             [out], done, self.prompt_logprobs if first else None,
+                             num_cached_tokens=max(0, child.num_cached_tokens))
 
     def output(self) -> RequestOutput:
         self.finish_text()

@@ -159,12 +159,11 @@ class ModelRunner:
             uniform = (all(c == q for c in counts) and all(n == q - 1 for n in num_spec)
                        and q in (1, 1 + self.spec_k))
             plan = self.graphs.plan(b, t, max(seq_lens, default=0), covered and uniform, covered and spec is None, q)
-        pad = plan.num_reqs - b  # FULL graphs: extra rows point at the padding row with 0 tokens
-        p = plan.num_reqs
-        staged = torch.tensor(rows + [self.state.padding_row] * pad + counts + [0] * pad, dtype=torch.int32)
+        p = plan.num_reqs  # FULL graphs: rows past b point at the padding row with 0 tokens
+        staged = self.buffers.stage_rows(rows, counts, p)
         if self.device.type == "cuda":
             staged = staged.pin_memory()  # a pinned source: the H2D copy below does not wait
-        self.buffers.step_rows[:2 * p].copy_(staged, non_blocking=True)
+        self.buffers.step_rows[:staged.shape[0]].copy_(staged, non_blocking=True)
         idx_mapping, num_scheduled = self.buffers.rows(b, p)
         shape = StepShape(b, t, tuple(counts), tuple(seq_lens))
         return StepBatch(plan, shape, idx_mapping, num_scheduled, sampling, prompt_logprobs, spec)

@@ -45,9 +45,6 @@ class _RaggedStage:
             self.values.extend(values)
             self.cu_lens.append(len(self.values))
 
-    def pack(self) -> list[int]:
-        return self.rows + self.starts + self.cu_lens + self.values
-
 
 class StateTable:
     """Device tensors indexed by row; see docs/CONTRACTS.md for the meaning of each."""
@@ -116,15 +113,19 @@ class StateTable:
         if n_tok + n_blk + n_new == 0:
             return
         n_pen = len(self._penalty_rows)
-        packed = (self._tokens.pack() + self._blocks.pack() + self._rows + [v for col in self._ints for v in col]
-                  + self._penalty_rows)
+        sections = [self._tokens.rows, self._tokens.starts, self._tokens.cu_lens, self._tokens.values,
+                    self._blocks.rows, self._blocks.starts, self._blocks.cu_lens, self._blocks.values, self._rows,
+                    *self._ints, self._penalty_rows]
+        # each section starts on a 16-byte boundary: Triton specialises kernels on pointer alignment, and views at
+        # offsets that followed the data would compile new kernel variants while serving
+        packed = [v for sec in sections for v in sec + [0] * (-len(sec) % 4)]
         dev = to_device(packed, torch.int32, self.device)  # one H2D copy for all int32 diffs
         off = 0
 
         def take(n: int) -> torch.Tensor:
             nonlocal off
-            off += n
-            return dev[off - n:off]
+            start, off = off, off + n + (-n % 4)
+            return dev[start:start + n]
 
         for stage, dst in ((self._tokens, self.token_ids), (self._blocks, self.block_table)):
             n = len(stage.rows)

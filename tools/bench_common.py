@@ -124,6 +124,30 @@ def measure_ttft_tpot(run: Callable[[int], Any], output_len: int, repeats: int, 
 
 
 # ----------------------------------------------------------------------------------------------- engines
+class TritonSpecialisations:
+    """Every Triton kernel specialisation this process launches for the first time (Triton's jit_cache_hook): a
+    run that adds some paid for a compile or a cache load mid-run, a warm-up effect (issue 19). Inductor's own
+    kernels do not pass through this hook."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+        try:
+            from triton import knobs
+        except ImportError:  # an older Triton: names stay unknown
+            return
+        previous = knobs.runtime.jit_cache_hook
+
+        def hook(*args: Any, **kwargs: Any) -> Any:
+            self.seen.append(str(kwargs.get("repr", kwargs.get("fn", "?"))))
+            return previous(*args, **kwargs) if previous is not None else False
+
+        knobs.runtime.jit_cache_hook = hook
+
+    def since(self, mark: int, limit: int = 12, width: int = 240) -> list[str]:
+        """The specialisations first seen after len(self.seen) was `mark`, shortened for a log."""
+        return [r[:width] for r in self.seen[mark:mark + limit]]
+
+
 def build_ours(model: str, device: torch.device, max_model_len: int, max_num_seqs: int, enforce_eager: bool,
                gpu_memory_utilization: float, seed: int = 0, enable_prefix_caching: bool = True) -> Any:
     """Our engine through its public, vLLM-compatible API."""

@@ -56,6 +56,43 @@ def run(llm: LLM, prompts: list[list[int]], output_len: int, detokenize: bool) -
             "us_per_token": wall / (len(prompts) * output_len) * 1e6}
 
 
+def run_serve(llm: LLM, prompts: list[list[int]], output_len: int, profile: bool) -> dict[str, float]:
+    """The engine-core process's side of a step at T1's shape: EngineCore steps with delta outputs for every
+    request (as the server asks), each step's outputs encoded and pickled as the sender thread does."""
+    import pickle
+
+    from graphrunner.engine_core import AddRequest, EngineCore
+    from graphrunner.engine_core_process import encode_outputs
+
+    wire_bytes = 0
+
+    def emit(outputs: list[Any]) -> None:
+        nonlocal wire_bytes
+        wire_bytes += len(pickle.dumps(("out", None, encode_outputs(outputs)), protocol=pickle.HIGHEST_PROTOCOL))
+
+    core = EngineCore(llm.engine, None, emit)
+    params = SamplingParams(temperature=0.6, max_tokens=output_len, ignore_eos=True)
+    for i, p in enumerate(prompts):
+        core.add(AddRequest({"prompt_token_ids": p}, params, f"serve-{i}"))
+    prof = cProfile.Profile() if profile else None
+    t0 = time.perf_counter()
+    if prof is not None:
+        prof.enable()
+    while core.has_work():
+        core.step()
+    if prof is not None:
+        prof.disable()
+    wall = time.perf_counter() - t0
+    stats = core.loop_stats
+    print(f"serve shape (engine-core side): {stats.steps} steps, host {wall / stats.steps * 1e3:.2f} ms/step "
+          f"(engine.step {stats.step_s / stats.steps * 1e3:.2f}, encode + pickle {stats.deliver_s / stats.steps * 1e3:.2f}"
+          f"), {wire_bytes / stats.steps / 1e3:.1f} kB/step on the pipe", flush=True)
+    if prof is not None:
+        pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+    return {"serve_host_ms_per_step": wall / stats.steps * 1e3, "serve_step_ms": stats.step_s / stats.steps * 1e3,
+            "serve_deliver_ms": stats.deliver_s / stats.steps * 1e3}
+
+
 def run_p1(model: str, prefix_len: int, suffix_len: int, repeats: int) -> dict[str, float]:
     """P1's shape without a device: the host time of one LLM.generate of a cached prefix + a new suffix (one output
     token), i.e. the host part of a prefix-cache hit's TTFT (intake, keys, admission, scheduling, outputs)."""
@@ -88,6 +125,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--output-len", type=int, default=512)
     p.add_argument("--profile", action="store_true", help="cProfile one detokenizing run (top 30 by own time)")
     p.add_argument("--p1", action="store_true", help="instead: the host time of a prefix-cache hit (P1's shape)")
+    p.add_argument("--serve", action="store_true",
+                   help="instead: the engine-core process's host time per step at T1's shape (delta outputs, "
+                        "encoded and pickled for the pipe)")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     if args.p1:
@@ -100,6 +140,13 @@ def main(argv: list[str] | None = None) -> None:
     llm = LLM(model=args.model, device="cpu", max_num_seqs=args.num_requests, max_model_len=1024 + args.output_len,
               max_num_batched_tokens=8192, enable_prefix_caching=False, enforce_eager=True)
     llm.engine.runner.execute = fake_execute(llm.engine.config.model.vocab_size)
+    if args.serve:
+        run_serve(llm, prompts[:8], 4, False)  # warm-up
+        result = run_serve(llm, prompts, args.output_len, args.profile)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(result, f, indent=1)
+        return
     results = []
     for detok in (False, True):
         run(llm, prompts[:8], 4, detok)  # warm-up

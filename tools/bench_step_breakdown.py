@@ -26,7 +26,6 @@ import torch
 
 from graphrunner import LLM, SamplingParams
 from graphrunner.async_output import AsyncStepOutput
-from graphrunner.models import linear
 from graphrunner.sampling import gumbel_split
 from graphrunner.sampling.sampler import run_sampler
 from graphrunner.state_kernels import post_update
@@ -143,8 +142,7 @@ def main() -> None:
     host = host_ms(llm, args.steps)
     table = kernel_profile(llm, args.profile_steps, args.batch, args.trace) if args.profile_steps else None
     parts = device_parts(llm, args.iters)
-    switches = {"GRAPHRUNNER_GEMV": int(linear.GEMV_ENABLED),
-                "GRAPHRUNNER_SPLIT_SAMPLE": int(gumbel_split.SPLIT_SAMPLE_ENABLED)}
+    switches = {"GRAPHRUNNER_SPLIT_SAMPLE": int(gumbel_split.SPLIT_SAMPLE_ENABLED)}
     print(f"switches: {switches}")
     result = {"host_ms_median": statistics.median(host), "device_ms": parts, "kernels": table, "args": vars(args),
               "switches": switches, "env": bench_common.env_info()}

@@ -19,6 +19,7 @@ import torch
 from bench_common import (
     Report,
     Row,
+    TritonSpecialisations,
     add_common_args,
     build_ours,
     check_lengths,
@@ -105,6 +106,7 @@ def run_peer(args: argparse.Namespace, prompts: list[list[int]], device: torch.d
 def run_ours(args: argparse.Namespace, prompts: list[list[int]], device: torch.device, report: Report,
              results: dict[str, Any]) -> None:
     def body() -> None:
+        specs = TritonSpecialisations()
         llm = build_ours(args.model, device, max_model_len=args.max_prompt + args.output_len,
                          max_num_seqs=args.max_num_seqs, enforce_eager=args.enforce_eager,
                          gpu_memory_utilization=args.gpu_memory_utilization,
@@ -123,16 +125,19 @@ def run_ours(args: argparse.Namespace, prompts: list[list[int]], device: torch.d
             for detok, pen in modes:
                 llm.reset_prefix_cache()  # every run is T1 from scratch: no prompt is a cache hit
                 timer.reset()
-                kernels = _triton_cache_entries()
+                kernels, mark = _triton_cache_entries(), len(specs.seen)
                 extra = penalties if pen else {}
                 seconds = timed(lambda d=detok, e=extra: ours_generate(llm, prompts, args.output_len, args.temperature,
                                                                       d, **e), device)
                 steps = timer.summary()
                 steps["new_triton_kernels"] = _triton_cache_entries() - kernels  # compiled during the run
+                steps["new_triton_specialisations"] = specs.since(mark)  # first launched during the run
                 runs[(detok, pen)].append({"wall_s": seconds, "tok_s": n_out / seconds, "steps": steps})
                 print(f"  {OURS} run {i + 1} detokenize={detok} penalties={pen}: {n_out / seconds:.1f} output tok/s "
                       f"(wall {seconds:.2f} s); {describe(steps)}; {steps['new_triton_kernels']} Triton kernels compiled",
                       flush=True)
+                for name in steps["new_triton_specialisations"]:
+                    print(f"    first launched in this run: {name}", flush=True)
         timer.close()
         main_mode = modes[0]
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The pending GPU verifications and benchmarks, one phase per device command (each under 10 minutes), results in
-# one tarball under $OUT (the device returns few files). Run from the repository root on the H200:
+# one tarball per phase under $OUT (the device returns few files). Run from the repository root on the H200:
 #   bash tools/gpu_checks.sh tests-a    # GPU tests of the paths not yet run there: engine, sampling, penalties
 #   bash tools/gpu_checks.sh tests-b    # ... capture, precompile, one trace, EAGLE and verify graphs
 #   bash tools/gpu_checks.sh bench      # T1: seven back-to-back runs; with and without detokenization
@@ -9,28 +9,44 @@
 #   bash tools/gpu_checks.sh serve      # offline L1 and T1, then SV1 with the engine loop in a process (needs .whl/)
 #   bash tools/gpu_checks.sh serve-thread  # SV1 with the loop in a thread of the server (the old layout)
 #   bash tools/gpu_checks.sh tp         # on nvidia-h200-x2: TP tests and bench_tp
+# Several phases run one after another in one call; DEADLINE=<seconds from now> clamps every command's time
+# limit so the last phase still ends (and is tarred) inside the device call:
+#   DEADLINE=560 bash tools/gpu_checks.sh tests-a tests-b
 set -u
-phase=${1:?phase: tests-a | tests-b | bench | bench2 | startup | serve | serve-thread | tp}
+[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | bench2 | startup | serve | serve-thread | tp" >&2; exit 2; }
 OUT=${OUT:-/tmp/out}
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+END=$(( $(date +%s) + ${DEADLINE:-100000} ))
+# T LIMIT cmd...: run cmd killed after LIMIT seconds, or sooner so that 15 s remain before the deadline
+T() {
+  local lim=$1 left=$(( END - $(date +%s) - 15 )); shift
+  [ "$left" -lt "$lim" ] && lim=$left
+  if [ "$lim" -le 5 ]; then echo "skipped (deadline): $*"; return 124; fi
+  timeout --signal=KILL "$lim" "$@"
+}
+model() { [ -d /tmp/q06 ] || python3 tools/make_bench_model.py --out /tmp/q06 --tokenizer > "$R/make_model.log" 2>&1; }
+wheels() {
+  [ -d /tmp/site/fastapi ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl
+  case ":$PYTHONPATH:" in *:/tmp/site:*) ;; *) export PYTHONPATH=$PYTHONPATH:/tmp/site ;; esac
+}
+
+for phase in "$@"; do
 R=$OUT/$phase
 mkdir -p "$R"
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-T="timeout --signal=KILL"
-model() { [ -d /tmp/q06 ] || python3 tools/make_bench_model.py --out /tmp/q06 --tokenizer > "$R/make_model.log" 2>&1; }
-
 case $phase in
 tests-a)
   # the kernel files without a gpu mark run on CUDA when it is there: the compiled kernels against their references
-  $T 200 python3 -m pytest -q -p no:cacheprovider --durations=10 tests/test_penalty_counts.py \
+  T 200 python3 -m pytest -q -p no:cacheprovider --durations=10 tests/test_penalty_counts.py \
     tests/test_sampling_penalties.py tests/test_state_kernels.py tests/test_sampling_gumbel_split.py \
     > "$R/pytest_kernels.log" 2>&1
   echo "pytest rc=$?" >> "$R/pytest_kernels.log"
-  $T 360 python3 -m pytest -q -p no:cacheprovider -m gpu --durations=15 \
+  T 360 python3 -m pytest -q -p no:cacheprovider -m gpu --durations=15 \
     tests/test_gpu_engine.py tests/test_engine_sampling.py > "$R/pytest_gpu.log" 2>&1
   echo "pytest rc=$?" >> "$R/pytest_gpu.log"
   ;;
 tests-b)
-  $T 560 python3 -m pytest -q -p no:cacheprovider -m gpu --durations=15 \
+  T 560 python3 -m pytest -q -p no:cacheprovider -m gpu --durations=15 \
     tests/test_gpu_capture.py tests/test_capture_precompile.py tests/test_spec_eagle.py \
     tests/test_spec_decode_graphs.py > "$R/pytest_gpu.log" 2>&1
   echo "pytest rc=$?" >> "$R/pytest_gpu.log"
@@ -39,53 +55,52 @@ bench)
   model
   # issue 19: seven back-to-back T1 runs in a fresh process (the first within 10% of the median), then T1 with
   # and without detokenization alternating in one process
-  $T 260 python3 tools/bench_throughput.py --model /tmp/q06 --no-peer --detokenize --runs 7 \
+  T 260 python3 tools/bench_throughput.py --model /tmp/q06 --no-peer --detokenize --runs 7 \
     --json "$R/t1_seven.json" > "$R/t1_seven.log" 2>&1
-  $T 260 python3 tools/bench_throughput.py --model /tmp/q06 --no-peer --both-detok --runs 3 \
+  T 260 python3 tools/bench_throughput.py --model /tmp/q06 --no-peer --both-detok --runs 3 \
     --json "$R/t1_detok.json" > "$R/t1_detok.log" 2>&1
   ;;
 bench2)
   model
-  $T 200 python3 tools/bench_throughput.py --model /tmp/q06 --no-peer --penalties both --runs 2 \
+  T 200 python3 tools/bench_throughput.py --model /tmp/q06 --no-peer --penalties both --runs 2 \
     --json "$R/t1_pen.json" > "$R/t1_pen.log" 2>&1
-  $T 150 python3 tools/bench_prefix_cache.py --model /tmp/q06 --repeats 5 --profile \
+  T 150 python3 tools/bench_prefix_cache.py --model /tmp/q06 --repeats 5 --profile \
     --json "$R/p1.json" > "$R/p1.log" 2>&1
-  $T 150 python3 tools/bench_step_breakdown.py --model /tmp/q06 --json "$R/step_breakdown.json" \
+  T 150 python3 tools/bench_step_breakdown.py --model /tmp/q06 --json "$R/step_breakdown.json" \
     --trace /tmp/step_trace.json > "$R/step_breakdown.log" 2>&1
   ;;
 startup)
   model
   # S1: cold (empty caches), precompile, warm start from it, eager
-  $T 560 python3 tools/bench_startup.py --model /tmp/q06 --steps precompile,warm,cold,eager \
+  T 560 python3 tools/bench_startup.py --model /tmp/q06 --steps precompile,warm,cold,eager \
     --json "$R/s1.json" > "$R/s1.log" 2>&1
   ;;
 serve)
   model
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-  export PYTHONPATH=$PYTHONPATH:/tmp/site
+  wheels
   # the offline figures SV1 is held against, in the same run: L1 and T1 (with detokenization, as the server does)
-  $T 120 python3 tools/bench_latency.py --model /tmp/q06 --no-peer --workloads L1 --json "$R/l1.json" \
+  T 120 python3 tools/bench_latency.py --model /tmp/q06 --no-peer --workloads L1 --json "$R/l1.json" \
     > "$R/l1.log" 2>&1
-  $T 150 python3 tools/bench_throughput.py --model /tmp/q06 --no-peer --detokenize --json "$R/t1.json" \
+  T 150 python3 tools/bench_throughput.py --model /tmp/q06 --no-peer --detokenize --json "$R/t1.json" \
     > "$R/t1.log" 2>&1
-  $T 270 python3 tools/bench_sv1.py --model /tmp/q06 --engine-process --offline-l1 "$R/l1.json" \
+  T 270 python3 tools/bench_sv1.py --model /tmp/q06 --engine-process --offline-l1 "$R/l1.json" \
     --offline-t1 "$R/t1.json" --log "$R/serve_proc.log" --json "$R/sv1_process.json" > "$R/sv1_process.out" 2>&1
   ;;
 serve-thread)
   model
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-  export PYTHONPATH=$PYTHONPATH:/tmp/site
-  $T 270 python3 tools/bench_sv1.py --model /tmp/q06 --no-engine-process --log "$R/serve_thread.log" \
+  wheels
+  T 270 python3 tools/bench_sv1.py --model /tmp/q06 --no-engine-process --log "$R/serve_thread.log" \
     --json "$R/sv1_thread.json" > "$R/sv1_thread.out" 2>&1
   ;;
 tp)
-  $T 300 python3 -m pytest -q -p no:cacheprovider -m gpu -x tests/test_gpu_tensor_parallel.py \
+  T 300 python3 -m pytest -q -p no:cacheprovider -m gpu -x tests/test_gpu_tensor_parallel.py \
     tests/test_sampling_vocab_parallel.py > "$R/pytest_tp.log" 2>&1
   echo "pytest rc=$?" >> "$R/pytest_tp.log"
-  $T 280 python3 tools/bench_tp.py --out /tmp/qwen3-8b-random --tp-sizes 1,2 --json "$R/bench_tp.json" \
+  T 280 python3 tools/bench_tp.py --out /tmp/qwen3-8b-random --tp-sizes 1,2 --json "$R/bench_tp.json" \
     > "$R/bench_tp.log" 2>&1
   ;;
 *) echo "unknown phase $phase" >&2; exit 2 ;;
 esac
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv > "$R/gpu.txt" 2>&1
-tar -czf "$OUT/$phase.tgz" -C "$OUT" "$phase"
+tar -czf "$OUT/$phase.tgz" -C "$OUT" "$phase" && rm -rf "$R"
+done

@@ -41,7 +41,7 @@ def _reduce_row(part_val_ptr, part_idx_ptr, part_bad_ptr, out_ptr, nonfinite_ptr
     tl.store(nonfinite_ptr + pid, tl.max(bad, axis=0) > 0)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["chunk", "num_chunks"])
 def _split_sample_partial_kernel(
     logits_ptr,  # [B, V] float32 / bfloat16 / float16
     stride_b,
@@ -103,7 +103,7 @@ def _split_sample_partial_kernel(
             tl.atomic_xchg(counter_ptr + pid, 0)  # zero again for the next launch (and graph replay)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_chunks"])
 def _split_sample_reduce_kernel(
     part_val_ptr,  # [B, C] float32
     part_idx_ptr,  # [B, C] int32

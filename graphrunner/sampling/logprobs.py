@@ -93,7 +93,7 @@ def compute_logprobs_ref(
 # ---------------------------------------------------------------------------------------------------------------
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_top"])
 def _logprobs_kernel(
     logits_ptr,  # [N, V] float32 / bfloat16 / float16, any strides
     stride_n,

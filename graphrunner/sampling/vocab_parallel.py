@@ -57,7 +57,7 @@ _CHUNK_BLOCK = 1024  # vocab entries per loop iteration; chunks are multiples of
 _PROGRAMS_PER_SM = 4
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["chunk", "num_chunks"])
 def _shard_sample_kernel(
     logits_ptr,  # [B, S]
     stride_b,
