@@ -8,12 +8,13 @@
 #   bash tools/gpu_checks.sh startup    # S1: cold, precompile, warm, eager
 #   bash tools/gpu_checks.sh serve      # offline L1 and T1, then SV1 with the engine loop in a process (needs .whl/)
 #   bash tools/gpu_checks.sh serve-thread  # SV1 with the loop in a thread of the server (the old layout)
-#   bash tools/gpu_checks.sh tp         # on nvidia-h200-x2: TP tests and bench_tp
+#   bash tools/gpu_checks.sh tp         # on nvidia-h200-x2: TP tests (each test logged as it runs)
+#   bash tools/gpu_checks.sh tp-bench   # on nvidia-h200-x2: bench_tp, Qwen3-8B shape at TP=1 and TP=2
 # Several phases run one after another in one call; DEADLINE=<seconds from now> clamps every command's time
 # limit so the last phase still ends (and is tarred) inside the device call:
 #   DEADLINE=560 bash tools/gpu_checks.sh tests-a tests-b
 set -u
-[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | bench2 | startup | serve | serve-thread | tp" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | bench2 | startup | serve | serve-thread | tp | tp-bench" >&2; exit 2; }
 OUT=${OUT:-/tmp/out}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 END=$(( $(date +%s) + ${DEADLINE:-100000} ))
@@ -93,10 +94,18 @@ serve-thread)
     --json "$R/sv1_thread.json" > "$R/sv1_thread.out" 2>&1
   ;;
 tp)
-  T 300 python3 -m pytest -q -p no:cacheprovider -m gpu -x tests/test_gpu_tensor_parallel.py \
-    tests/test_sampling_vocab_parallel.py > "$R/pytest_tp.log" 2>&1
-  echo "pytest rc=$?" >> "$R/pytest_tp.log"
-  T 280 python3 tools/bench_tp.py --out /tmp/qwen3-8b-random --tp-sizes 1,2 --json "$R/bench_tp.json" \
+  # one architecture first, verbose and unbuffered straight to the log (never through `tail`: a killed pipeline
+  # returns nothing), with Python's stacks dumped when a test runs past 120 s (a hang shows where it waits)
+  T 280 python3 -m pytest -v -s -x -p no:cacheprovider -m gpu -o faulthandler_timeout=120 --durations=10 \
+    tests/test_gpu_tensor_parallel.py -k "qwen3 or rank0 or killed" > "$R/pytest_tp_first.log" 2>&1
+  echo "pytest rc=$?" >> "$R/pytest_tp_first.log"
+  T 280 python3 -m pytest -v -s -p no:cacheprovider -m gpu -o faulthandler_timeout=120 --durations=10 \
+    tests/test_gpu_tensor_parallel.py tests/test_sampling_vocab_parallel.py -k "not qwen3 and not rank0 and not killed" \
+    > "$R/pytest_tp_rest.log" 2>&1
+  echo "pytest rc=$?" >> "$R/pytest_tp_rest.log"
+  ;;
+tp-bench)
+  T 560 python3 tools/bench_tp.py --out /tmp/qwen3-8b-random --tp-sizes 1,2 --json "$R/bench_tp.json" \
     > "$R/bench_tp.log" 2>&1
   ;;
 *) echo "unknown phase $phase" >&2; exit 2 ;;
