@@ -61,6 +61,9 @@ class Engine:
         self._outputs = OutputProcessor(self.tokenizer)
         self._pending: tuple[SchedulerOutput, AsyncStepOutput] | None = None
         self._counter = 0
+        # seconds step() spent blocked on a step's results (the device still busy): a loop whose steps spend ~0
+        # here is host-bound (the engine loop's counters report it per step)
+        self.result_wait_s = 0.0
 
     def shutdown(self) -> None:
         """Stop the tensor-parallel worker processes, if any (dropping the engine does it too)."""
@@ -226,7 +229,9 @@ class Engine:
 
     def _process(self, previous: tuple[SchedulerOutput, AsyncStepOutput]) -> list[RequestOutput]:
         prev_sched, prev_out = previous
+        t0 = time.perf_counter()
         result = prev_out.result()
+        self.result_wait_s += time.perf_counter() - t0
         runs = None
         if result.spec is not None:
             accepted = result.spec.num_accepted.tolist()

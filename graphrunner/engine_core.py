@@ -46,21 +46,24 @@ class LoopStats:
 
     steps: int = 0
     step_s: float = 0.0     # inside engine.step()
+    wait_s: float = 0.0     # of which blocked on the device's results (~0: the loop is host-bound)
     deliver_s: float = 0.0  # handing outputs on
     between_s: float = 0.0  # from one step's end to the next step's start, only when steps run back to back
     _last_end: float | None = None
 
-    def note(self, start: float, stepped: float, end: float) -> None:
+    def note(self, start: float, stepped: float, end: float, wait: float = 0.0) -> None:
         if self._last_end is not None and start - self._last_end < 0.1:  # an idle loop is not a stall
             self.between_s += start - self._last_end
         self.steps += 1
         self.step_s += stepped - start
+        self.wait_s += wait
         self.deliver_s += end - stepped
         self._last_end = end
 
     def prometheus_text(self) -> str:
         return "".join(f"# TYPE graphrunner:engine_loop_{name} counter\ngraphrunner:engine_loop_{name} {value}\n"
                        for name, value in (("steps_total", self.steps), ("step_seconds_total", self.step_s),
+                                           ("wait_seconds_total", self.wait_s),
                                            ("deliver_seconds_total", self.deliver_s),
                                            ("between_steps_seconds_total", self.between_s)))
 
@@ -108,7 +111,7 @@ class EngineCore:
     def step(self) -> None:
         """One engine step and its outputs emitted. A StepFailed ends only its requests (their final outputs are
         emitted) unless a tensor-parallel worker died: then WorkerDied is raised and the loop must end."""
-        t0 = time.perf_counter()
+        t0, waited = time.perf_counter(), self.engine.result_wait_s
         try:
             outputs = self.engine.step()
         except StepFailed as exc:
@@ -119,7 +122,7 @@ class EngineCore:
                 raise exc.__cause__ from exc
         t1 = time.perf_counter()
         self._send(outputs)
-        self.loop_stats.note(t0, t1, time.perf_counter())
+        self.loop_stats.note(t0, t1, time.perf_counter(), self.engine.result_wait_s - waited)
 
     def prometheus_text(self) -> str:
         return self.engine.stats.to_prometheus_text() + self.loop_stats.prometheus_text()

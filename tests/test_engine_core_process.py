@@ -157,3 +157,31 @@ def test_wire_format_round_trips() -> None:
                           False, [None, {2: Logprob(-2.0, 4, "b")}], RequestMetrics(1.0, 2.0, 1.5, 2.0, 0.5, None), 16),
             RequestOutput("b", None, [], [CompletionOutput(0, "", [4, 5], None, None, "length", None)], True)]
     assert decode_outputs(encode_outputs(outs)) == outs
+
+
+def test_loop_stats_count_the_time_blocked_on_results(model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The loop's wait counter is the time engine.step() spent in AsyncStepOutput.result(): with each result made
+    to take 20 ms it reads at least that per processed step, never more than the step time itself."""
+    import time
+
+    from graphrunner.async_output import AsyncStepOutput
+    from graphrunner.engine_core import AddRequest, EngineCore
+
+    llm = LLM(model=str(model_dir), device="cpu", max_model_len=128, max_num_seqs=2, enforce_eager=True)
+    original = AsyncStepOutput.result
+
+    def slow(self: AsyncStepOutput) -> Any:
+        time.sleep(0.02)
+        return original(self)
+
+    monkeypatch.setattr(AsyncStepOutput, "result", slow)
+    emitted: list[RequestOutput] = []
+    core = EngineCore(llm.engine, None, emitted.extend)
+    core.add(AddRequest({"prompt_token_ids": [1, 2, 3, 4]}, SamplingParams(max_tokens=5, ignore_eos=True), "w"))
+    while core.has_work():
+        core.step()
+    stats = core.loop_stats
+    processed = stats.steps - 1  # the first step only launches
+    assert emitted and emitted[-1].finished and len(emitted[-1].outputs[0].token_ids) >= 1
+    assert stats.wait_s >= 0.02 * processed and stats.wait_s <= stats.step_s
+    assert f"graphrunner:engine_loop_wait_seconds_total {stats.wait_s}" in stats.prometheus_text()

@@ -26,6 +26,7 @@ from bench_serve import random_token_prompts, run_load, scrape_metrics
 
 HOST = "127.0.0.1"
 LOOP = ("graphrunner:engine_loop_steps_total", "graphrunner:engine_loop_step_seconds_total",
+        "graphrunner:engine_loop_wait_seconds_total",
         "graphrunner:engine_loop_deliver_seconds_total", "graphrunner:engine_loop_between_steps_seconds_total")
 
 
@@ -57,6 +58,7 @@ def loop_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, f
     d = {k.split("engine_loop_")[1]: after.get(k, 0.0) - before.get(k, 0.0) for k in LOOP}
     steps = max(1.0, d["steps_total"])
     return {"steps": d["steps_total"], "step_ms": d["step_seconds_total"] / steps * 1e3,
+            "wait_ms": d["wait_seconds_total"] / steps * 1e3,
             "deliver_ms": d["deliver_seconds_total"] / steps * 1e3,
             "between_ms": d["between_steps_seconds_total"] / steps * 1e3}
 
