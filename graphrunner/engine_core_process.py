@@ -82,19 +82,34 @@ def _picklable(exc: BaseException) -> BaseException:
 class _Outbox:
     """Every message to the server, in order, sent by a thread of its own: the loop never waits on the pipe (a
     full pipe, a server busy elsewhere) and pays no pickling while its step runs on the device. Outputs are
-    encoded on this thread too."""
+    encoded on this thread too. A step's few outputs (low concurrency: latency matters, pickling is cheap) go
+    out at once from the loop when nothing is queued before them: the hand-over to the sender thread would add
+    up to a GIL switch interval to TTFT and to every inter-token latency."""
+
+    INLINE_MAX = 8  # outputs a step may send from the loop itself
 
     def __init__(self, conn: Connection) -> None:
         self._conn = conn
         self._queue: queue.SimpleQueue[tuple[str, Any, Any] | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()  # held while a message is on its way: keeps the order
+        self._queued = 0  # messages put on the queue and not yet sent
         self._thread = threading.Thread(target=self._run, name="graphrunner-engine-core-sender", daemon=True)
         self._thread.start()
 
     def put(self, message: tuple[str, Any, Any]) -> None:
+        with self._lock:
+            self._queued += 1
         self._queue.put(message)
 
     def outputs(self, outputs: list[RequestOutput]) -> None:
-        self._queue.put(("out", None, outputs))
+        if len(outputs) <= self.INLINE_MAX and self._lock.acquire(blocking=False):
+            try:
+                if self._queued == 0:  # nothing waits ahead of these: sending now keeps the order
+                    self._send(("out", None, outputs))
+                    return
+            finally:
+                self._lock.release()
+        self.put(("out", None, outputs))
 
     def close(self, timeout: float = 30.0) -> None:
         """Send what is queued, then stop the thread."""
@@ -103,11 +118,18 @@ class _Outbox:
 
     def _run(self) -> None:
         while (message := self._queue.get()) is not None:
-            kind, token, arg = message
-            try:
-                self._conn.send((kind, token, encode_outputs(arg) if kind == "out" else arg))
-            except OSError:  # the server is gone: the loop reads EOF and ends
-                return
+            with self._lock:
+                self._queued -= 1
+                if not self._send(message):
+                    return  # the server is gone: the loop reads EOF and ends
+
+    def _send(self, message: tuple[str, Any, Any]) -> bool:
+        kind, token, arg = message
+        try:
+            self._conn.send((kind, token, encode_outputs(arg) if kind == "out" else arg))
+            return True
+        except OSError:
+            return False
 
 
 def run_engine_core(config: EngineConfig, conn: Connection, max_waiting_requests: int | None) -> None:
