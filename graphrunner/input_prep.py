@@ -14,6 +14,7 @@ import triton.language as tl
 from torch import Tensor
 
 from graphrunner.kernel_checks import check_tensor as _check
+from graphrunner.kernel_checks import step_sizes
 
 _BLOCK = 128  # tokens / block-table columns handled per loop iteration of one program
 
@@ -161,7 +162,7 @@ def prepare_inputs_ref(
     return StepInputs(input_ids, pos, query_start_loc, seq_lens, slot_mapping, gathered, logits_indices)
 
 
-@triton.jit(do_not_specialize=["out_bt_stride", "num_reqs", "num_tokens", "num_block_cols"])
+@triton.jit(do_not_specialize=step_sizes("out_bt_stride", "num_reqs", "num_tokens", "num_block_cols"))
 def _prepare_inputs_kernel(
     idx_mapping_ptr,  # [B] int32
     num_sched_ptr,  # [B] int32

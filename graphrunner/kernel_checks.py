@@ -1,5 +1,5 @@
-"""Argument checks shared by the public launchers of the Triton kernels (shape, dtype, device), and the
-device facts their launch shapes depend on.
+"""Argument checks shared by the public launchers of the Triton kernels (shape, dtype, device), the device
+facts their launch shapes depend on, and which of their arguments Triton must not specialise on.
 
 They look only at tensor metadata, never at values, so they cost no host synchronisation.
 """
@@ -7,6 +7,7 @@ They look only at tensor metadata, never at values, so they cost no host synchro
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 
@@ -30,3 +31,10 @@ def num_sms(device: torch.device) -> int:
     if device.type != "cuda":
         return 4
     return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def step_sizes(*names: str) -> list[str]:
+    """Arguments of a per-step kernel that follow the batch (token and request counts, chunking): Triton would
+    compile a variant for each value that is 1 or divisible by 16, mid-run, so they are not specialised on
+    (docs/DECISIONS.md). GRAPHRUNNER_TRITON_SPECIALISE=1 restores Triton's default, for an A/B of the lost hints."""
+    return [] if os.environ.get("GRAPHRUNNER_TRITON_SPECIALISE") == "1" else list(names)

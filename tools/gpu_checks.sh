@@ -4,6 +4,7 @@
 #   bash tools/gpu_checks.sh tests-a    # GPU tests of the paths not yet run there: engine, sampling, penalties
 #   bash tools/gpu_checks.sh tests-b    # ... capture, precompile, one trace, EAGLE and verify graphs
 #   bash tools/gpu_checks.sh bench      # T1: seven back-to-back runs; with and without detokenization
+#   bash tools/gpu_checks.sh spec-ab    # L1 and T1 with Triton specialising per-step kernels (the old way) vs not
 #   bash tools/gpu_checks.sh bench2     # T1 with and without penalties, P1 (with profile), L1 step breakdown
 #   bash tools/gpu_checks.sh startup    # S1: cold, precompile, warm, eager
 #   bash tools/gpu_checks.sh serve      # offline L1 and T1, then SV1 with the engine loop in a process (needs .whl/)
@@ -14,7 +15,7 @@
 # limit so the last phase still ends (and is tarred) inside the device call:
 #   DEADLINE=560 bash tools/gpu_checks.sh tests-a tests-b
 set -u
-[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | bench2 | startup | serve | serve-thread | tp | tp-bench" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | bench2 | startup | serve | serve-thread | tp | tp-bench" >&2; exit 2; }
 OUT=${OUT:-/tmp/out}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 END=$(( $(date +%s) + ${DEADLINE:-100000} ))
@@ -60,6 +61,17 @@ bench)
     --json "$R/t1_seven.json" > "$R/t1_seven.log" 2>&1
   T 260 python3 tools/bench_throughput.py --model /tmp/q06 --no-peer --both-detok --runs 3 \
     --json "$R/t1_detok.json" > "$R/t1_detok.log" 2>&1
+  ;;
+spec-ab)
+  model
+  # the cost of not specialising per-step kernels on batch sizes: L1 and T1 with Triton's default restored, then
+  # as shipped (docs/DECISIONS.md, "Per-step kernels never meet a new Triton specialisation")
+  for sp in 1 0; do
+    GRAPHRUNNER_TRITON_SPECIALISE=$sp T 100 python3 tools/bench_latency.py --model /tmp/q06 --no-peer \
+      --workloads L1 --json "$R/l1_spec$sp.json" > "$R/l1_spec$sp.log" 2>&1
+    GRAPHRUNNER_TRITON_SPECIALISE=$sp T 150 python3 tools/bench_throughput.py --model /tmp/q06 --no-peer --runs 5 \
+      --json "$R/t1_spec$sp.json" > "$R/t1_spec$sp.log" 2>&1
+  done
   ;;
 bench2)
   model

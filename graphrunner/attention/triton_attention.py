@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from graphrunner.attention.metadata import AttentionMetadata
-from graphrunner.kernel_checks import check_tensor
+from graphrunner.kernel_checks import check_tensor, step_sizes
 
 TILE_N = 64            # keys per inner iteration (several paged blocks, gathered per position)
 DECODE_ROWS = 16       # tile rows for decode-only batches (tl.dot needs >= 16)
@@ -29,7 +29,7 @@ def _tanh(x):
     return 2.0 * tl.sigmoid(2.0 * x) - 1.0
 
 
-@triton.jit(do_not_specialize=["num_tokens"])
+@triton.jit(do_not_specialize=step_sizes("num_tokens"))
 def _unified_attention_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, part_acc_ptr, part_ml_ptr,
     qsl_ptr, seq_lens_ptr, block_table_ptr,
@@ -121,7 +121,7 @@ def _unified_attention_kernel(
             tl.store(part_ml_ptr + row.to(tl.int64) * 2 + 1, l_i, mask=row_ok)
 
 
-@triton.jit(do_not_specialize=["num_tokens"])
+@triton.jit(do_not_specialize=step_sizes("num_tokens"))
 def _merge_splits_kernel(part_acc_ptr, part_ml_ptr, out_ptr, stride_ot, stride_oh, num_tokens, num_q_heads,
                          HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, NUM_SPLITS: tl.constexpr):
     tok = tl.program_id(0)

@@ -14,6 +14,7 @@ import triton.language as tl
 from torch import Tensor
 
 from graphrunner.kernel_checks import num_sms as _num_sms
+from graphrunner.kernel_checks import step_sizes
 from graphrunner.sampling.gumbel import _check_sample, _gumbel, _row_keys, sample_ref, sample_rowwise_triton
 
 # Read once at import, for A/B runs: GRAPHRUNNER_SPLIT_SAMPLE=0 row-per-program kernel, 1 (default) split with the
@@ -41,7 +42,7 @@ def _reduce_row(part_val_ptr, part_idx_ptr, part_bad_ptr, out_ptr, nonfinite_ptr
     tl.store(nonfinite_ptr + pid, tl.max(bad, axis=0) > 0)
 
 
-@triton.jit(do_not_specialize=["chunk", "num_chunks"])
+@triton.jit(do_not_specialize=step_sizes("chunk", "num_chunks"))
 def _split_sample_partial_kernel(
     logits_ptr,  # [B, V] float32 / bfloat16 / float16
     stride_b,
@@ -103,7 +104,7 @@ def _split_sample_partial_kernel(
             tl.atomic_xchg(counter_ptr + pid, 0)  # zero again for the next launch (and graph replay)
 
 
-@triton.jit(do_not_specialize=["num_chunks"])
+@triton.jit(do_not_specialize=step_sizes("num_chunks"))
 def _split_sample_reduce_kernel(
     part_val_ptr,  # [B, C] float32
     part_idx_ptr,  # [B, C] int32

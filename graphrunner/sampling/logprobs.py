@@ -14,6 +14,7 @@ import triton.language as tl
 from torch import Tensor
 
 from graphrunner.kernel_checks import check_tensor as _check
+from graphrunner.kernel_checks import step_sizes
 
 MAX_NUM_TOP = 20  # the largest k accepted (vLLM's max_logprobs default)
 _BLOCK_V = 4096  # vocab entries per loop iteration of one program (same block as the Gumbel sampler)
@@ -93,7 +94,7 @@ def compute_logprobs_ref(
 # ---------------------------------------------------------------------------------------------------------------
 
 
-@triton.jit(do_not_specialize=["num_top"])
+@triton.jit(do_not_specialize=step_sizes("num_top"))
 def _logprobs_kernel(
     logits_ptr,  # [N, V] float32 / bfloat16 / float16, any strides
     stride_n,

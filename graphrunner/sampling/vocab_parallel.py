@@ -17,6 +17,7 @@ import triton.language as tl
 from torch import Tensor
 
 from graphrunner.kernel_checks import num_sms as _num_sms
+from graphrunner.kernel_checks import step_sizes
 from graphrunner.parallel_state import tp_all_gather, tp_size
 from graphrunner.sampling.gumbel import _check_sample, _gumbel, _row_keys, gumbel_noise_ref
 
@@ -57,7 +58,7 @@ _CHUNK_BLOCK = 1024  # vocab entries per loop iteration; chunks are multiples of
 _PROGRAMS_PER_SM = 4
 
 
-@triton.jit(do_not_specialize=["chunk", "num_chunks"])
+@triton.jit(do_not_specialize=step_sizes("chunk", "num_chunks"))
 def _shard_sample_kernel(
     logits_ptr,  # [B, S]
     stride_b,
