@@ -124,6 +124,18 @@ def min_across_ranks(value: int) -> int:
     return int(t[0])
 
 
+def check_same_across_ranks(value: int, what: str) -> None:
+    """Raise a clear error unless every rank has the same `value` (e.g. a digest of the graphs it will capture):
+    ranks that would run different collectives deadlock instead. Host-side, gloo."""
+    if _STATE.world_size == 1:
+        return
+    t = torch.tensor([value, -value], dtype=torch.int64)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN, group=_CPU_GROUP)
+    if int(t[0]) != -int(t[1]):
+        raise RuntimeError(f"tensor-parallel ranks disagree on {what} (rank {_STATE.rank} has {value}); their "
+                           f"collectives would not match")
+
+
 # ---- sharding arithmetic -------------------------------------------------------------------------
 
 def shard_range(total: int, rank: int | None = None, world: int | None = None) -> tuple[int, int]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+import zlib
 from pathlib import Path
 
 import torch
@@ -19,7 +20,7 @@ from capture.manager import CaptureManager
 from graphrunner.config import EngineConfig, ModelConfig
 from graphrunner.kv_cache import allocate_kv_cache, blocks_needed, kv_bytes_per_block
 from graphrunner.loader import load_model
-from graphrunner.parallel_state import min_across_ranks, rank_kv_config, tp_rank, tp_size
+from graphrunner.parallel_state import check_same_across_ranks, min_across_ranks, rank_kv_config, tp_rank, tp_size
 from graphrunner.runner import ModelRunner
 from graphrunner.spec_decode.draft_model import DraftModel
 from graphrunner.spec_decode.eagle import EagleDraft
@@ -146,6 +147,10 @@ def build_runner(config: EngineConfig, model_state: ModelState | None = None) ->
         pieces = backend.graph_pieces if backend is not None else None
         manager = CaptureManager(model_state, runner.buffers, pieces, full_sizes, token_sizes, sc.max_model_len,
                                  mixed_graph_sizes(config, model_state))
+    # every rank must run the same forwards (each holds collectives) in the same order from here on
+    plan = (config.device.type == "cuda" and config.cache.num_blocks is None, sc.max_num_batched_tokens,
+            None if manager is None else (manager.full_keys(), manager.token_sizes, manager.mixed_sizes))
+    check_same_across_ranks(zlib.crc32(repr(plan).encode()), "the start-up forwards and CUDA graphs")
     try:
         peak = reserved = 0
         if config.device.type == "cuda" and config.cache.num_blocks is None:

@@ -120,3 +120,33 @@ def test_a_step_output_that_never_arrives_raises_with_the_workers_stacks(capfd: 
         assert "most recent call first" in capfd.readouterr().err  # the worker's stacks
     finally:
         workers.close()
+
+
+def _rank_check(rank: int, port: int, value: int, out: Any) -> None:
+    store = dist.TCPStore("127.0.0.1", port, 2, is_master=False)
+    parallel_state.init_tensor_parallel(rank, 2, store, torch.device("cpu"), 30.0)
+    try:
+        parallel_state.check_same_across_ranks(value, "the graphs")
+        out.put((rank, "ok"))
+    except RuntimeError as exc:
+        out.put((rank, str(exc)))
+    finally:
+        parallel_state.destroy_tensor_parallel()
+
+
+@pytest.mark.parametrize("values", [(7, 7), (7, 8)])
+def test_ranks_that_would_capture_different_graphs_fail_clearly(values: tuple[int, int]) -> None:
+    ctx = mp.get_context("spawn")
+    store = dist.TCPStore("127.0.0.1", 0, 2, is_master=True, wait_for_workers=False)
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_rank_check, args=(r, store.port, v, out), daemon=True) for r, v in enumerate(values)]
+    for p in procs:
+        p.start()
+    results = dict(out.get(timeout=120) for _ in procs)
+    for p in procs:
+        p.join(30)
+    if values[0] == values[1]:
+        assert results == {0: "ok", 1: "ok"}
+    else:
+        assert all("ranks disagree on the graphs" in results[r] for r in (0, 1))
+        assert "rank 1 has 8" in results[1]
