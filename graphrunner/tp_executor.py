@@ -36,7 +36,12 @@ import torch.distributed as dist
 from graphrunner.async_output import AsyncStepOutput, StepOutput
 from graphrunner.config import EngineConfig
 from graphrunner.log_setup import configure_from_env
-from graphrunner.parallel_state import abort_tensor_parallel, destroy_tensor_parallel, init_tensor_parallel
+from graphrunner.parallel_state import (
+    TEARDOWN_TIMEOUT_S,
+    abort_tensor_parallel,
+    destroy_tensor_parallel,
+    init_tensor_parallel,
+)
 from graphrunner.runner import ModelRunner
 from graphrunner.scheduler import SchedulerOutput
 from graphrunner.tp_plan import STOP, RowMirror, encode_plan
@@ -173,8 +178,11 @@ class _Workers:
         if self.closing:
             return
         self.note_death()
-        if self.on_cuda:  # a collective waiting for the dead rank would wait until the timeout
-            abort_tensor_parallel()  # (finishes once close has dropped the graphs; bounded either way)
+        # While rank 0 builds its runner it may block in a device sync on a collective the dead rank never joins:
+        # abort (its graphs, if any, are dropped as the build fails, which lets the abort finish). Once built, rank 0
+        # never blocks on the device (outputs are polled), and close() drops the graphs before it aborts.
+        if self.on_cuda and self.release_graphs is None:
+            abort_tensor_parallel()
 
     def note_death(self) -> str | None:
         """The reason, once a worker has exited unexpectedly (None while all live)."""
@@ -227,6 +235,13 @@ class _Workers:
         collect them. A dead or stalled peer: abort instead (needs no peer)."""
         self.closing = True
         release, self.release_graphs = self.release_graphs, None
+        # (gloo's destroy is local, and gloo has no abort)
+        healthy = not self.on_cuda or (self.dead is None and all(p.is_alive() for p in self.procs))
+        aborting = None
+        if not healthy:  # abort beside the release: graph kernels stuck on the dead peer exit once it is flagged,
+            # and the abort ends once the graphs are gone
+            aborting = threading.Thread(target=abort_tensor_parallel, name="graphrunner-tp-abort", daemon=True)
+            aborting.start()
         if release is not None:
             release()  # before leaving: a live graph holding collectives keeps NCCL from freeing the communicator
         for conn in self.conns:
@@ -234,9 +249,11 @@ class _Workers:
                 conn.send_bytes(STOP)
             except (OSError, ValueError):
                 pass
-        # (gloo's destroy is local, and gloo has no abort)
-        healthy = not self.on_cuda or (self.dead is None and all(p.is_alive() for p in self.procs))
-        left = destroy_tensor_parallel() if healthy else abort_tensor_parallel()
+        if aborting is None:
+            left = destroy_tensor_parallel()
+        else:
+            aborting.join(TEARDOWN_TIMEOUT_S)
+            left = not aborting.is_alive()
         logger.info("rank 0: %s the process group", ("left" if healthy else "aborted") if left else "could not leave")
         deadline = time.monotonic() + 10.0
         for proc in self.procs:
