@@ -16,6 +16,7 @@ verify steps (1 + k); their token counts tell them apart.
 from __future__ import annotations
 
 import bisect
+import logging
 import sys
 import time
 from collections import Counter
@@ -31,6 +32,8 @@ from graphrunner.attention.triton_attention import choose_num_splits, query_tile
 from graphrunner.input_prep import StepBuffers
 from graphrunner.step_plan import StepBodies, StepMode, StepPlan
 from model_states.base import ModelState
+
+logger = logging.getLogger(__name__)
 
 FullKey = tuple[int, int, int, bool]  # (batch size, tokens, KV splits, mixed)
 
@@ -179,7 +182,13 @@ def _progress(total: int, show: bool) -> Iterator[Any]:
         except ImportError:
             bar = None
 
+    done = 0
+    logger.debug("capturing %d graphs", total)
+
     def step(label: str) -> None:
+        nonlocal done
+        done += 1
+        logger.debug("captured %d/%d: %s", done, total, label)  # (the last line before a hang names the graph)
         if bar is not None:
             bar.set_postfix_str(label, refresh=False)
             bar.update(1)

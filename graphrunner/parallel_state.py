@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import sys
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -46,7 +47,8 @@ def init_tensor_parallel(rank: int, world_size: int, store: dist.Store, device: 
     """Join the process group (rendezvous through `store`) and make this process rank `rank` of `world_size`."""
     global _STATE, _DEVICE_GROUP, _CPU_GROUP
     if _STATE.world_size != 1 or dist.is_initialized():
-        raise RuntimeError("tensor parallelism is already initialised in this process (one engine per process)")
+        raise RuntimeError("tensor parallelism is already initialised in this process (one engine per process; or an "
+                           "earlier engine's group could not be left: see stderr)")
     state = TPState(rank, world_size)
     backend = "nccl" if device.type == "cuda" else "gloo"
     timeout = datetime.timedelta(seconds=timeout_s)
@@ -57,25 +59,60 @@ def init_tensor_parallel(rank: int, world_size: int, store: dist.Store, device: 
     _STATE = state
 
 
-def destroy_tensor_parallel() -> None:
-    """Leave the process group (a later engine in this process may initialise again)."""
+TEARDOWN_TIMEOUT_S = 30.0  # leaving the group waits at most this long: a stuck peer must not hang a shutdown
+_TEARDOWN_LOCK = threading.Lock()  # the watcher's abort and the owner's destroy never run at once
+
+
+def destroy_tensor_parallel(timeout_s: float = TEARDOWN_TIMEOUT_S) -> bool:
+    """Leave the process group (a later engine in this process may initialise again); True once it is left.
+
+    On GPU, drop every CUDA graph that captured a collective first: NCCL does not free a communicator while a live
+    graph holds collectives of it, so destroying (or aborting) it would wait for good. Destroying is collective in
+    recent NCCL: every rank leaves at about the same time. Bounded by `timeout_s` (a message says so on stderr)."""
+    return _leave(graceful=True, timeout_s=timeout_s)
+
+
+def abort_tensor_parallel(timeout_s: float = TEARDOWN_TIMEOUT_S) -> bool:
+    """Best effort: abort the communicators so that a collective waiting on a dead peer returns (with an error);
+    needs no peer. Bounded by `timeout_s`; True once done."""
+    return _leave(graceful=False, timeout_s=timeout_s)
+
+
+def _leave(graceful: bool, timeout_s: float) -> bool:
     global _STATE, _DEVICE_GROUP, _CPU_GROUP
+    what = "leaving" if graceful else "aborting"
+    if not _TEARDOWN_LOCK.acquire(timeout=timeout_s):
+        print(f"graphrunner: {what} the tensor-parallel group: an earlier teardown still runs after "
+              f"{timeout_s:.0f} s", file=sys.stderr)
+        return False
     _STATE, _DEVICE_GROUP, _CPU_GROUP = TPState(), None, None
-    if dist.is_available() and dist.is_initialized():
-        try:
-            dist.destroy_process_group()
-        except Exception as exc:  # noqa: BLE001 -- e.g. after an abort: the group is gone either way
-            print(f"graphrunner: leaving the tensor-parallel group: {exc}", file=sys.stderr)
-
-
-def abort_tensor_parallel() -> None:
-    """Best effort: abort the communicators so that a collective waiting on a dead peer returns (with an error)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        _TEARDOWN_LOCK.release()
+        return True
     abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
-    if abort is not None and dist.is_initialized():
+    call = dist.destroy_process_group if graceful or abort is None else abort
+    errors: list[BaseException] = []
+
+    def run() -> None:
         try:
-            abort()
-        except Exception as exc:  # noqa: BLE001 -- already torn down, or a backend without abort
-            print(f"graphrunner: aborting the tensor-parallel group failed: {exc}", file=sys.stderr)
+            call()
+        except Exception as exc:  # noqa: BLE001 -- e.g. after an abort: the group is gone either way
+            errors.append(exc)
+        finally:
+            _TEARDOWN_LOCK.release()  # (held until the teardown really ends: none runs beside a stuck one)
+
+    # in a daemon thread: NCCL's destroy can block for good (a peer gone, a graph still holding the communicator)
+    thread = threading.Thread(target=run, name=f"graphrunner-tp-{what}", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        print(f"graphrunner: {what} the tensor-parallel group did not finish within {timeout_s:.1f} s (a peer gone, "
+              f"or a CUDA graph still holding the communicator); a later engine in this process cannot start "
+              f"tensor parallelism", file=sys.stderr)
+        return False
+    if errors:
+        print(f"graphrunner: {what} the tensor-parallel group: {errors[0]}", file=sys.stderr)
+    return True
 
 
 def min_across_ranks(value: int) -> int:
@@ -85,6 +122,18 @@ def min_across_ranks(value: int) -> int:
     t = torch.tensor([value], dtype=torch.int64)
     dist.all_reduce(t, op=dist.ReduceOp.MIN, group=_CPU_GROUP)
     return int(t[0])
+
+
+def check_same_across_ranks(value: int, what: str) -> None:
+    """Raise a clear error unless every rank has the same `value` (e.g. a digest of the graphs it will capture):
+    ranks that would run different collectives deadlock instead. Host-side, gloo."""
+    if _STATE.world_size == 1:
+        return
+    t = torch.tensor([value, -value], dtype=torch.int64)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN, group=_CPU_GROUP)
+    if int(t[0]) != -int(t[1]):
+        raise RuntimeError(f"tensor-parallel ranks disagree on {what} (rank {_STATE.rank} has {value}); their "
+                           f"collectives would not match")
 
 
 # ---- sharding arithmetic -------------------------------------------------------------------------

@@ -356,5 +356,13 @@ class ModelRunner:
         self._propose(idx, inputs, shape, hidden, drafting=True)
         return out.output_ids[:, 0].contiguous(), out.nonfinite, out.output_ids, out.num_accepted, out.num_drafts
 
+    def release_graphs(self) -> None:
+        """Drop every CUDA graph (FULL and piecewise); later steps run eagerly. With tensor parallelism this comes
+        before leaving the process group: NCCL cannot free a communicator while a live graph holds its collectives."""
+        graphs, self.graphs = self.graphs, None
+        retire = getattr(graphs, "retire", None)
+        if retire is not None:
+            retire()
+
     def capture_bodies(self) -> StepBodies:
         return StepBodies(forward=self.run_model, full_step=self.full_step_body)

@@ -4,21 +4,30 @@ spawned worker processes that replay every step rank 0 ships them (graphrunner.t
 Rank 0 sends a step's plan down a pipe and launches the step itself; nothing waits for the workers but the
 collectives inside the step. A worker that dies ends the engine with an error naming it: a watcher thread sees
 the process exit (and aborts the communicators on GPU, so nothing stays blocked in a collective), every later
-step raises at once, and collectives time out after GRAPHRUNNER_TP_TIMEOUT_S seconds whatever happens.
+step raises at once, and collectives time out after GRAPHRUNNER_TP_TIMEOUT_S seconds whatever happens (eager ones
+through the process group's timeout, those inside CUDA graphs through the deadline on each step's output).
+Shutting down drops every CUDA graph before leaving the group: NCCL cannot free a communicator that a live graph
+holds. GRAPHRUNNER_LOG_LEVEL=INFO logs each rank's start-up stages (DEBUG: each graph and step), and
+GRAPHRUNNER_TP_STACKS_AFTER_S=N makes a worker print its stacks after N s without a new plan.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
+import faulthandler
+import logging
 import multiprocessing as mp
 import multiprocessing.connection as mpc
 import os
+import signal
+import sys
 import threading
 import time
 import traceback
 import weakref
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -26,14 +35,23 @@ import torch.distributed as dist
 
 from graphrunner.async_output import AsyncStepOutput, StepOutput
 from graphrunner.config import EngineConfig
-from graphrunner.parallel_state import abort_tensor_parallel, destroy_tensor_parallel, init_tensor_parallel
+from graphrunner.log_setup import configure_from_env
+from graphrunner.parallel_state import (
+    TEARDOWN_TIMEOUT_S,
+    abort_tensor_parallel,
+    destroy_tensor_parallel,
+    init_tensor_parallel,
+)
 from graphrunner.runner import ModelRunner
 from graphrunner.scheduler import SchedulerOutput
 from graphrunner.tp_plan import STOP, RowMirror, encode_plan
 from graphrunner.worker import build_runner
 from model_states import ModelState
 
-DEFAULT_TIMEOUT_S = 600.0  # a collective (or the start-up rendezvous) waiting longer than this fails
+logger = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT_S = 600.0  # a collective (or the start-up rendezvous, or a step's output) waiting longer than this fails
+STACKS_ENV = "GRAPHRUNNER_TP_STACKS_AFTER_S"  # a worker that receives no plan for this long prints its threads' stacks
 
 
 def collective_timeout_s() -> float:
@@ -70,35 +88,71 @@ def _exit_with_parent(parent_pid: int) -> None:
 def _worker_main(rank: int, config: EngineConfig, port: int, conn: mpc.Connection, timeout_s: float) -> None:
     """Rank `rank`: join the group, build the runner, then run every plan rank 0 sends until STOP or EOF."""
     threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
+    configure_from_env(f"tp{rank}")
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # rank 0 asks for the stacks when a step stalls
+    stall_s = _stall_dump_seconds()
+    _rearm_stack_dump(stall_s)
     world = config.tensor_parallel_size
+    runner: ModelRunner | None = None
+    graceful = True
     try:
         if config.device.type == "cuda":
-            torch.cuda.set_device(config.device)
+            torch.cuda.set_device(config.device)  # before any CUDA work: never a context on another rank's GPU
         else:  # the ranks share the host's cores
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
         store = dist.TCPStore("127.0.0.1", port, world, is_master=False,
                               timeout=datetime.timedelta(seconds=timeout_s))
         store.set(f"graphrunner_tp_joined_{rank}", "1")
         init_tensor_parallel(rank, world, store, config.device, timeout_s)
+        logger.info("rank %d: joined the process group (%s)", rank, dist.get_backend())
         runner, num_blocks = build_runner(config)
         conn.send(("ready", num_blocks))
         mirror = RowMirror()
         recent: deque[AsyncStepOutput] = deque(maxlen=2)  # keeps the last steps' copy buffers alive
+        steps = 0
         while True:
             sched = mirror.decode(conn.recv_bytes())
+            _rearm_stack_dump(stall_s)
             if sched is None:
                 break
             recent.append(runner.execute(sched))
-    except EOFError:  # the engine closed its end without STOP: it is gone
-        pass
+            steps += 1
+            if logger.isEnabledFor(logging.DEBUG):
+                logger.debug("rank %d: step %d launched (%d requests, %d tokens)", rank, steps, len(sched.scheduled),
+                             sum(s.num_tokens for s in sched.scheduled))
+        logger.info("rank %d: STOP after %d steps", rank, steps)
+    except EOFError:  # the engine closed its end without STOP: it is gone (a collective could wait for good)
+        graceful = False
     except BaseException:  # noqa: BLE001 -- reported to rank 0, then this process ends
         try:
             conn.send(("error", traceback.format_exc()))
         except (OSError, ValueError):
             pass
         os._exit(1)  # no clean-up that could wait on a collective
-    finally:
-        destroy_tensor_parallel()
+    faulthandler.cancel_dump_traceback_later()
+    if runner is not None:
+        runner.release_graphs()  # first: a live graph holding collectives keeps NCCL from freeing the communicator
+    on_cuda = config.device.type == "cuda"
+    left = destroy_tensor_parallel() if graceful or not on_cuda else abort_tensor_parallel()
+    logger.info("rank %d: %s the process group", rank, "left" if left else "could not leave")
+    if not left:  # a stuck communicator could also hang the interpreter's exit
+        sys.stderr.flush()
+        os._exit(0)
+
+
+def _stall_dump_seconds() -> float | None:
+    raw = os.environ.get(STACKS_ENV, "")
+    try:
+        value = float(raw) if raw else None
+    except ValueError:
+        raise ValueError(f"{STACKS_ENV} must be a number of seconds, got {raw!r}") from None
+    return value if value is not None and value > 0 else None
+
+
+def _rearm_stack_dump(stall_s: float | None) -> None:
+    """Print every thread's stack each `stall_s` seconds until the next plan arrives (off when None)."""
+    if stall_s is not None:
+        faulthandler.dump_traceback_later(stall_s, repeat=True)
 
 
 # ---- rank 0 ------------------------------------------------------------------------------------
@@ -113,6 +167,8 @@ class _Workers:
         self.on_cuda = on_cuda
         self.closing = False
         self.dead: str | None = None
+        # rank 0's runner.release_graphs, once built: called before the group is left (see close)
+        self.release_graphs: Callable[[], None] | None = None
         self._lock = threading.Lock()
         self._watcher = threading.Thread(target=self._watch, name="graphrunner-tp-watch", daemon=True)
         self._watcher.start()
@@ -122,7 +178,10 @@ class _Workers:
         if self.closing:
             return
         self.note_death()
-        if self.on_cuda:  # a collective waiting for the dead rank would wait until the timeout
+        # While rank 0 builds its runner it may block in a device sync on a collective the dead rank never joins:
+        # abort (its graphs, if any, are dropped as the build fails, which lets the abort finish). Once built, rank 0
+        # never blocks on the device (outputs are polled), and close() drops the graphs before it aborts.
+        if self.on_cuda and self.release_graphs is None:
             abort_tensor_parallel()
 
     def note_death(self) -> str | None:
@@ -153,35 +212,81 @@ class _Workers:
             time.sleep(0.02)
         return self.dead
 
+    def stalled(self, reason: str) -> None:
+        """A step's output did not arrive in time: mark the ranks out of step and have each live worker print its
+        stacks (faulthandler on SIGUSR1) so that the log shows where it waits."""
+        with self._lock:
+            if self.dead is None:
+                self.dead = reason
+        self.dump_worker_stacks()
+
+    def dump_worker_stacks(self) -> None:
+        for proc in self.procs:
+            if proc.is_alive() and proc.pid is not None:
+                try:
+                    os.kill(proc.pid, signal.SIGUSR1)
+                except OSError:
+                    pass
+        time.sleep(0.5)  # (the dump is written by the worker; give it a moment before anything kills it)
+
     def close(self) -> None:
+        """Drop rank 0's graphs, tell the workers to stop, leave the group with them (a graceful destroy is
+        collective in recent NCCL: every rank at about the same time, so not after waiting for their exit), then
+        collect them. A dead or stalled peer: abort instead (needs no peer)."""
         self.closing = True
+        release, self.release_graphs = self.release_graphs, None
+        # (gloo's destroy is local, and gloo has no abort)
+        healthy = not self.on_cuda or (self.dead is None and all(p.is_alive() for p in self.procs))
+        aborting = None
+        if not healthy:  # abort beside the release: graph kernels stuck on the dead peer exit once it is flagged,
+            # and the abort ends once the graphs are gone
+            aborting = threading.Thread(target=abort_tensor_parallel, name="graphrunner-tp-abort", daemon=True)
+            aborting.start()
+        if release is not None:
+            release()  # before leaving: a live graph holding collectives keeps NCCL from freeing the communicator
         for conn in self.conns:
             try:
                 conn.send_bytes(STOP)
             except (OSError, ValueError):
                 pass
+        if aborting is None:
+            left = destroy_tensor_parallel()
+        else:
+            aborting.join(TEARDOWN_TIMEOUT_S)
+            left = not aborting.is_alive()
+        logger.info("rank 0: %s the process group", ("left" if healthy else "aborted") if left else "could not leave")
         deadline = time.monotonic() + 10.0
         for proc in self.procs:
             proc.join(max(0.0, deadline - time.monotonic()))
             if proc.is_alive():
+                print(f"graphrunner: tensor-parallel worker {proc.name} (pid {proc.pid}) did not exit after STOP; "
+                      f"killing it", file=sys.stderr)
                 proc.kill()
                 proc.join(5.0)
         for conn in self.conns:
             conn.close()
-        destroy_tensor_parallel()
 
 
 class _WatchedOutput:
     """A step's output whose wait also watches the workers: on GPU a dead peer would leave the step's
     collectives (and so its event) pending."""
 
-    def __init__(self, inner: AsyncStepOutput, workers: _Workers) -> None:
+    def __init__(self, inner: AsyncStepOutput, workers: _Workers, timeout_s: float) -> None:
         self._inner = inner
         self._workers = workers
+        self._timeout_s = timeout_s
 
     def result(self) -> StepOutput:
+        # collectives replayed inside CUDA graphs are not watched by NCCL's watchdog: without this deadline a rank
+        # waiting on a live but stuck (or out-of-step) peer would wait for good
+        deadline = time.monotonic() + self._timeout_s
         while not self._inner.ready():
             if self._workers.dead is not None:  # set by the watcher thread the moment a worker exits
+                raise WorkerDied(self._workers.dead)
+            if time.monotonic() > deadline:
+                self._workers.stalled(f"a tensor-parallel step's output did not arrive within {self._timeout_s:.0f} s "
+                                      f"(GRAPHRUNNER_TP_TIMEOUT_S): a rank is stuck or the ranks are out of step "
+                                      f"(the workers' stacks are on stderr); create a new engine")
                 raise WorkerDied(self._workers.dead)
             time.sleep(0)  # let other threads (the async front end) run while the device works
         return self._inner.result()
@@ -194,6 +299,8 @@ class TensorParallelExecutor:
     def __init__(self, config: EngineConfig, model_state: ModelState | None = None) -> None:
         world = config.tensor_parallel_size
         timeout_s = collective_timeout_s()
+        _stall_dump_seconds()  # (a bad value fails here, not in a worker)
+        configure_from_env("tp0")
         timeout = datetime.timedelta(seconds=timeout_s)
         store = dist.TCPStore("127.0.0.1", 0, world, is_master=True, wait_for_workers=False, timeout=timeout)
         ctx = mp.get_context("spawn")
@@ -209,11 +316,16 @@ class TensorParallelExecutor:
         self._workers = _Workers(procs, conns, config.device.type == "cuda")
         self._finalizer = weakref.finalize(self, self._workers.close)
         self._failed: str | None = None
+        self._timeout_s = timeout_s
+        self._steps = 0
+        logger.info("rank 0: started %d worker process(es) %s", len(procs), [p.pid for p in procs])
         try:
             self._wait(lambda: store.check([f"graphrunner_tp_joined_{r}" for r in range(1, world)]), timeout_s,
                        "join the process group")
             init_tensor_parallel(0, world, store, rank_config(config, 0).device, timeout_s)
+            logger.info("rank 0: joined the process group (%s)", dist.get_backend())
             self.runner, self.num_blocks = build_runner(rank_config(config, 0), model_state)
+            self._workers.release_graphs = self.runner.release_graphs
             for rank, conn in enumerate(conns, start=1):
                 self._wait(conn.poll, timeout_s, "build its model")
                 try:
@@ -237,19 +349,27 @@ class TensorParallelExecutor:
             if reason is not None:
                 raise WorkerDied(reason)
             if time.monotonic() > deadline:
+                self._workers.dump_worker_stacks()
                 raise WorkerDied(f"tensor-parallel workers did not {what} within {timeout_s:.0f} s "
-                                 f"(GRAPHRUNNER_TP_TIMEOUT_S)")
+                                 f"(GRAPHRUNNER_TP_TIMEOUT_S; the workers' stacks are on stderr)")
             time.sleep(0.01)
 
     def execute(self, sched: SchedulerOutput) -> AsyncStepOutput | _WatchedOutput:
         """Ship the plan to every worker, then launch the step here; the output is read as the runner's is."""
         if self._failed is not None:
             raise WorkerDied(self._failed)
+        if self._workers.dead is not None:  # a worker exited, or a step stalled: the ranks are out of step
+            self._failed = self._workers.dead
+            raise WorkerDied(self._failed)
         try:
             plan = encode_plan(sched)
             for conn in self._workers.conns:
                 conn.send_bytes(plan)
             out = self.runner.execute(sched)
+            self._steps += 1
+            if logger.isEnabledFor(logging.DEBUG):
+                logger.debug("rank 0: step %d launched (%d requests, %d tokens)", self._steps, len(sched.scheduled),
+                             sum(s.num_tokens for s in sched.scheduled))
         except BaseException as exc:
             # the ranks may now disagree about the state table: nothing more can run on this engine
             dead = self._workers.death_after_error()
@@ -259,7 +379,7 @@ class TensorParallelExecutor:
             if isinstance(exc, Exception):
                 raise WorkerDied(self._failed) from exc
             raise
-        return _WatchedOutput(out, self._workers)
+        return _WatchedOutput(out, self._workers, self._timeout_s)
 
     @property
     def worker_pids(self) -> list[int]:
@@ -267,7 +387,10 @@ class TensorParallelExecutor:
         return [p.pid for p in self._workers.procs]
 
     def shutdown(self) -> None:
-        """Stop the workers and leave the process group (also done when the executor is dropped)."""
+        """Stop the workers and leave the process group (also done when the executor is dropped); the runner's CUDA
+        graphs are dropped first, and later steps raise."""
+        if self._failed is None:
+            self._failed = "this tensor-parallel engine was shut down"
         self._finalizer()
 
     def __getattr__(self, name: str) -> Any:

@@ -8,6 +8,9 @@ parallelism each rank holds its KV heads, and every rank takes the smallest bloc
 
 from __future__ import annotations
 
+import logging
+import time
+import zlib
 from pathlib import Path
 
 import torch
@@ -17,13 +20,15 @@ from capture.manager import CaptureManager
 from graphrunner.config import EngineConfig, ModelConfig
 from graphrunner.kv_cache import allocate_kv_cache, blocks_needed, kv_bytes_per_block
 from graphrunner.loader import load_model
-from graphrunner.parallel_state import min_across_ranks, rank_kv_config
+from graphrunner.parallel_state import check_same_across_ranks, min_across_ranks, rank_kv_config, tp_rank, tp_size
 from graphrunner.runner import ModelRunner
 from graphrunner.spec_decode.draft_model import DraftModel
 from graphrunner.spec_decode.eagle import EagleDraft
 from graphrunner.state_table import StateTable
 from model_states import ModelState, get_model_state
 from model_states.eagle import EagleModelState
+
+logger = logging.getLogger(__name__)
 
 CPU_KV_CAP_BYTES = 256 << 20  # a laptop-sized default; num_gpu_blocks_override raises it
 # The pool measured with the largest graphs, plus room for the smaller graphs' own outputs and
@@ -120,8 +125,10 @@ def build_runner(config: EngineConfig, model_state: ModelState | None = None) ->
     pool, the real cache takes what is left, and then every graph is captured against it (a graph
     bakes in the cache's address).
     """
+    progress = _Progress(config)
     model_state = model_state or build_model_state(config)
     model = load_model(config.model_dir, model_state, config.dtype, config.device)
+    progress("model loaded")
     compile_on_gpu = config.device.type == "cuda" and not config.enforce_eager
     backend = None
     if config.compile_cache is not None or compile_on_gpu:
@@ -140,18 +147,48 @@ def build_runner(config: EngineConfig, model_state: ModelState | None = None) ->
         pieces = backend.graph_pieces if backend is not None else None
         manager = CaptureManager(model_state, runner.buffers, pieces, full_sizes, token_sizes, sc.max_model_len,
                                  mixed_graph_sizes(config, model_state))
-    peak = reserved = 0
-    if config.device.type == "cuda" and config.cache.num_blocks is None:
-        peak = _profile_peak_bytes(runner, config)  # (compiles the model at the largest step first)
-    if manager is not None:
-        manager.capture(runner.capture_bodies(), largest_only=True)
-        reserved = int(manager.pool_bytes * GRAPH_POOL_MARGIN)
-    num_blocks = min_across_ranks(choose_num_blocks(config, peak, reserved))  # one block count for every rank
-    runner.kv_cache = allocate_kv_cache(kv_model, num_blocks, bs, config.dtype, config.device)
-    if draft is not None:  # the same block ids index the draft model's (EAGLE head's) own cache
-        draft.kv_cache = allocate_kv_cache(draft.model_state.config, num_blocks, bs, config.dtype, config.device)
-    del placeholder
-    if manager is not None:
-        manager.capture(runner.capture_bodies())
-        runner.graphs = manager
+    # every rank must run the same forwards (each holds collectives) in the same order from here on
+    plan = (config.device.type == "cuda" and config.cache.num_blocks is None, sc.max_num_batched_tokens,
+            None if manager is None else (manager.full_keys(), manager.token_sizes, manager.mixed_sizes))
+    check_same_across_ranks(zlib.crc32(repr(plan).encode()), "the start-up forwards and CUDA graphs")
+    try:
+        peak = reserved = 0
+        if config.device.type == "cuda" and config.cache.num_blocks is None:
+            peak = _profile_peak_bytes(runner, config)  # (compiles the model at the largest step first)
+            progress(f"profiled (compiled) the largest step: peak {peak / 2**30:.2f} GiB")
+        if manager is not None:
+            manager.capture(runner.capture_bodies(), largest_only=True)
+            reserved = int(manager.pool_bytes * GRAPH_POOL_MARGIN)
+            progress(f"captured the largest graphs: pool {manager.pool_bytes / 2**30:.2f} GiB")
+        mine = choose_num_blocks(config, peak, reserved)
+        num_blocks = min_across_ranks(mine)  # one block count for every rank
+        progress(f"KV cache: {num_blocks} blocks (this rank could hold {mine})")
+        runner.kv_cache = allocate_kv_cache(kv_model, num_blocks, bs, config.dtype, config.device)
+        if draft is not None:  # the same block ids index the draft model's (EAGLE head's) own cache
+            draft.kv_cache = allocate_kv_cache(draft.model_state.config, num_blocks, bs, config.dtype, config.device)
+        del placeholder
+        if manager is not None:
+            manager.capture(runner.capture_bodies())
+            runner.graphs = manager
+            progress(f"captured {manager.num_graphs} graphs in {manager.capture_seconds:.1f} s")
+    except BaseException:
+        if manager is not None:  # graphs holding collectives would keep the group from being left
+            manager.retire()
+        raise
+    progress("runner ready")
     return runner, num_blocks
+
+
+class _Progress:
+    """INFO lines through start-up, naming the rank and the seconds since the previous one: with tensor
+    parallelism, where each rank stopped shows where a hang waits (GRAPHRUNNER_LOG_LEVEL=INFO shows them)."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.where = f"rank {tp_rank()}/{tp_size()} on {config.device}"
+        self.last = time.perf_counter()
+        logger.info("%s: building the runner (%s)", self.where, config.model_dir)
+
+    def __call__(self, what: str) -> None:
+        now = time.perf_counter()
+        logger.info("%s: %s (+%.1f s)", self.where, what, now - self.last)
+        self.last = now

@@ -108,9 +108,13 @@ serve-thread)
 tp)
   # one architecture first, verbose and unbuffered straight to the log (never through `tail`: a killed pipeline
   # returns nothing), with Python's stacks dumped when a test runs past 120 s (a hang shows where it waits)
+  # each rank logs its start-up stages, graphs and steps; a stalled step or start-up fails after 150 s (not 600) and
+  # prints the workers' stacks, as does a worker that gets no plan for 90 s
+  GRAPHRUNNER_LOG_LEVEL=DEBUG GRAPHRUNNER_TP_TIMEOUT_S=150 GRAPHRUNNER_TP_STACKS_AFTER_S=90 \
   T 280 python3 -m pytest -v -s -x -p no:cacheprovider -m gpu -o faulthandler_timeout=120 --durations=10 \
     tests/test_gpu_tensor_parallel.py -k "qwen3 or rank0 or killed" > "$R/pytest_tp_first.log" 2>&1
   echo "pytest rc=$?" >> "$R/pytest_tp_first.log"
+  GRAPHRUNNER_LOG_LEVEL=INFO GRAPHRUNNER_TP_TIMEOUT_S=150 GRAPHRUNNER_TP_STACKS_AFTER_S=90 \
   T 280 python3 -m pytest -v -s -p no:cacheprovider -m gpu -o faulthandler_timeout=120 --durations=10 \
     tests/test_gpu_tensor_parallel.py tests/test_sampling_vocab_parallel.py -k "not qwen3 and not rank0 and not killed" \
     > "$R/pytest_tp_rest.log" 2>&1
