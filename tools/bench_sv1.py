@@ -63,16 +63,30 @@ def loop_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, f
             "between_ms": d["between_steps_seconds_total"] / steps * 1e3}
 
 
+def engine_ttft_ms(before: dict[str, float], after: dict[str, float]) -> float:
+    """Mean of the engine's vllm:time_to_first_token_seconds over the requests between two scrapes."""
+    name = "vllm:time_to_first_token_seconds"
+    count = after.get(f"{name}_count", 0.0) - before.get(f"{name}_count", 0.0)
+    total = after.get(f"{name}_sum", 0.0) - before.get(f"{name}_sum", 0.0)
+    return total / count * 1e3 if count else float("nan")
+
+
 async def measure(base: str, model_name: str, args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {}
     l1_body = {"ignore_eos": True, "temperature": 0.0}
     l1 = random_token_prompts(args.l1_requests + 2, 128, 128, seed=1)
     await run_load(base, model_name, l1[:2], num_requests=2, max_tokens=args.l1_tokens, concurrency=1,
                    extra_body=l1_body)  # warm-up
+    before = await scrape_metrics(base)
     r = await run_load(base, model_name, l1[2:], num_requests=args.l1_requests, max_tokens=args.l1_tokens,
                        concurrency=1, extra_body=l1_body)
+    after = await scrape_metrics(base)
     out["c1"] = r.to_dict()
+    out["c1_engine_ttft_ms"] = engine_ttft_ms(before, after)
     print("concurrency 1 (L1 shape):\n" + r.table(), flush=True)
+    print(f"engine-side TTFT (arrival in the engine to its first token on the host), mean: "
+          f"{out['c1_engine_ttft_ms']:.2f} ms; the rest of the client's TTFT is HTTP, the front and the pipe",
+          flush=True)
     t1_body = {"ignore_eos": True, "temperature": 0.6}
     t1 = random_token_prompts(args.t1_requests, 100, 1024, seed=0)
     await run_load(base, model_name, t1[:8], num_requests=8, max_tokens=16, concurrency=8, extra_body=t1_body)
