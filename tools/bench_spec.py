@@ -1,9 +1,10 @@
 """Speculative decoding benchmark (issue 16): TPOT, time per step and mean acceptance length of our engine with and
-without n-gram speculation, per workload and batch size.
+without speculation (n-gram, a draft model or an EAGLE head), per workload and batch size.
 
 Workloads: "copy" (each prompt is a random passage followed by its first half, so a model that copies, as trained
-models do, continues the passage and prompt lookup finds every draft) and "random" (random ids). A random-weight
-model does not copy: its drafts come from its own greedy loops, on both workloads.
+models do, continues the passage and prompt lookup finds every draft), "random" (random ids) and "text" (held-out
+passages of a trained model's corpus: `--text-ids`, the uint16 ids `train_demo_model.py prepare` writes, e.g.
+data/cache/demo_corpus/val.npy). A random-weight model does not copy: its drafts come from its own greedy loops.
 "step_ms" is the wall time per engine step while decoding: with speculation it is the cost of a verify step of
 1 + k tokens per request, without it the cost of a plain decode step. Example (H200):
   python tools/bench_spec.py --model /tmp/qwen3-0.6b-random --batch-sizes 1,64 --k 4 --disable-by-batch-size 32
@@ -21,7 +22,8 @@ from bench_common import Report, Row, add_common_args, measure_ttft_tpot, ours_g
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common_args(p, default_json="bench_spec.json")
-    p.add_argument("--workloads", default="copy,random", help="comma list of copy, random")
+    p.add_argument("--workloads", default="copy,random", help="comma list of copy, random, text")
+    p.add_argument("--text-ids", default=None, help="text workload: a .npy of token ids (uint16) to cut prompts from")
     p.add_argument("--batch-sizes", default="1,64")
     p.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
     p.add_argument("--method", default="ngram", choices=("ngram", "draft_model", "eagle"))
@@ -37,8 +39,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def prompts_for(workload: str, batch: int, passage_len: int, vocab: int) -> list[list[int]]:
+def prompts_for(workload: str, batch: int, passage_len: int, vocab: int, text_ids: str | None = None) -> list[list[int]]:
     rng = random.Random(0)
+    if workload == "text":
+        if text_ids is None:
+            raise SystemExit("the text workload needs --text-ids (e.g. data/cache/demo_corpus/val.npy)")
+        import numpy as np
+
+        ids = np.load(text_ids, mmap_mode="r")
+        if len(ids) < passage_len + 1:
+            raise SystemExit(f"{text_ids} holds {len(ids)} tokens, fewer than --passage-len {passage_len}")
+        starts = [rng.randrange(len(ids) - passage_len) for _ in range(batch)]
+        return [[int(t) for t in ids[s:s + passage_len]] for s in starts]
     out = []
     for _ in range(batch):
         passage = [rng.randrange(vocab) for _ in range(passage_len)]
@@ -52,7 +64,8 @@ def run_case(args: argparse.Namespace, device: Any, workload: str, batch: int, s
     llm = LLM(model=args.model, max_model_len=args.max_model_len, max_num_seqs=max(batch, 1), device=str(device),
               enforce_eager=args.enforce_eager, gpu_memory_utilization=args.gpu_memory_utilization,
               speculative_config=spec)
-    prompts = prompts_for(workload, batch, args.passage_len, min(10000, llm.engine.config.model.vocab_size))
+    prompts = prompts_for(workload, batch, args.passage_len, min(10000, llm.engine.config.model.vocab_size),
+                          args.text_ids)
     steps = [0]
     execute = llm.engine.runner.execute
 

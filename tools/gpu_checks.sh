@@ -5,6 +5,8 @@
 #   bash tools/gpu_checks.sh tests-b    # ... capture, precompile, one trace, EAGLE and verify graphs
 #   bash tools/gpu_checks.sh bench      # T1: seven back-to-back runs; with and without detokenization
 #   bash tools/gpu_checks.sh spec-ab    # L1 and T1 with Triton specialising per-step kernels (the old way) vs not
+#   bash tools/gpu_checks.sh spec-train # issue 16: train a larger target + an EAGLE head (carry data/cache/demo_corpus)
+#   bash tools/gpu_checks.sh spec-bench # ... then, on the same warm machine, TPOT per proposer on held-out text
 #   bash tools/gpu_checks.sh bench2     # T1 with and without penalties, P1 (with profile), L1 step breakdown
 #   bash tools/gpu_checks.sh startup    # S1: cold, precompile, warm, eager
 #   bash tools/gpu_checks.sh serve      # offline L1 and T1, then SV1 with the engine loop in a process (needs .whl/)
@@ -15,7 +17,7 @@
 # limit so the last phase still ends (and is tarred) inside the device call:
 #   DEADLINE=560 bash tools/gpu_checks.sh tests-a tests-b
 set -u
-[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | bench2 | startup | serve | serve-thread | tp | tp-bench" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | bench2 | startup | serve | serve-thread | tp | tp-bench" >&2; exit 2; }
 OUT=${OUT:-/tmp/out}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 END=$(( $(date +%s) + ${DEADLINE:-100000} ))
@@ -71,6 +73,26 @@ spec-ab)
       --workloads L1 --json "$R/l1_spec$sp.json" > "$R/l1_spec$sp.log" 2>&1
     GRAPHRUNNER_TRITON_SPECIALISE=$sp T 150 python3 tools/bench_throughput.py --model /tmp/q06 --no-peer --runs 5 \
       --json "$R/t1_spec$sp.json" > "$R/t1_spec$sp.log" 2>&1
+  done
+  ;;
+spec-train)
+  # issue 16's trained pair (carry data/cache/demo_corpus: `train_demo_model.py prepare` on a CPU machine): a larger
+  # target on the demo corpus and tokenizer, so the shipped demo model is its draft, then an EAGLE head for it.
+  # /tmp/target and /tmp/eagle live only on this machine: run spec-bench in the next call while it is warm.
+  T 330 python3 tools/train_demo_model.py train --data data/cache/demo_corpus --out /tmp/target \
+    --minutes "${TARGET_MINUTES:-4}" --hidden "${TARGET_HIDDEN:-2048}" --layers "${TARGET_LAYERS:-24}" \
+    --heads 16 --kv-heads 8 > "$R/train_target.log" 2>&1
+  T 240 python3 tools/train_demo_model.py train-eagle --data data/cache/demo_corpus --target /tmp/target \
+    --out /tmp/eagle --max-steps "${EAGLE_STEPS:-1500}" > "$R/train_eagle.log" 2>&1
+  ;;
+spec-bench)
+  # batch-1 TPOT and mean acceptance length on held-out text for each proposer (batch 64 with
+  # disable_by_batch_size 32: speculation off there), against the same target without speculation
+  for m in eagle draft_model ngram; do
+    d=graphrunner/demo_model; [ "$m" = eagle ] && d=/tmp/eagle
+    T 190 python3 tools/bench_spec.py --model /tmp/target --no-peer --method "$m" --draft-model "$d" \
+      --workloads text --text-ids data/cache/demo_corpus/val.npy --batch-sizes 1,64 --k 4 \
+      --disable-by-batch-size 32 --json "$R/spec_$m.json" > "$R/spec_$m.log" 2>&1
   done
   ;;
 bench2)
