@@ -22,7 +22,7 @@ from graphrunner.engine_args import EngineArgs
 from graphrunner.engine_core import AddRequest, EngineCore, EngineDead, LoopStats, QueueFull
 from graphrunner.generation_config import generation_defaults
 from graphrunner.output_stream import DeltaCursor, MergedStream
-from graphrunner.outputs import RequestOutput
+from graphrunner.outputs import RequestOutput, TokenDeltas
 from graphrunner.sampling_params import RequestOutputKind, SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -32,7 +32,7 @@ __all__ = ["AsyncLLM", "EngineDead", "LoopStats", "QueueFull"]
 
 class CoreClient(Protocol):
     """Where the engine loop runs: a thread here (_ThreadCore) or a process (engine_core_process.ProcessCore).
-    Both call `deliver(outputs)` and, once, `die(exc)` from a thread of their own."""
+    Both call `deliver(outputs)` / `deliver_ids(deltas)` and, once, `die(exc)` from a thread of their own."""
 
     def add(self, command: AddRequest, future: concurrent.futures.Future[str]) -> None: ...
     def abort(self, request_id: str, future: concurrent.futures.Future[Any] | None) -> None: ...
@@ -46,7 +46,7 @@ class CoreClient(Protocol):
 @dataclass
 class _Stream:
     loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue[RequestOutput | BaseException]
+    queue: asyncio.Queue[RequestOutput | list[int] | BaseException]  # list[int]: a TokenDeltas report
 
 
 def _put_all(items: list[tuple[asyncio.Queue[Any], Any]]) -> None:
@@ -71,7 +71,8 @@ class AsyncLLM:
     def from_engine(cls, engine: Engine, max_waiting_requests: int | None = None) -> AsyncLLM:
         """The loop in a thread of this process, over an Engine built here."""
         return cls(engine.config, engine.tokenizer,
-                   lambda front: _ThreadCore(EngineCore(engine, max_waiting_requests, front.deliver), front.die))
+                   lambda front: _ThreadCore(EngineCore(engine, max_waiting_requests, front.deliver, front.deliver_ids),
+                                             front.die))
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs, max_waiting_requests: int | None = None,
@@ -88,7 +89,8 @@ class AsyncLLM:
             raise ValueError(f"max_waiting_requests must be >= 0, got {max_waiting_requests}")
         tokenizer = None if config.skip_tokenizer_init else load_tokenizer(config.tokenizer_dir)
         return cls(config, tokenizer,
-                   lambda front: ProcessCore(config, max_waiting_requests, front.deliver, front.die))
+                   lambda front: ProcessCore(config, max_waiting_requests, front.deliver, front.deliver_ids,
+                                             front.die))
 
     # -- what the server reads -----------------------------------------------------------------
     def get_tokenizer(self) -> Any:
@@ -148,7 +150,10 @@ class AsyncLLM:
                     if isinstance(item, BaseException):
                         finished = True
                         raise item
-                    merged.add(item)
+                    if isinstance(item, list):
+                        merged.add_ids(item)
+                    else:
+                        merged.add(item)
                     if merged.finished or stream.queue.empty():
                         break
                     item = stream.queue.get_nowait()
@@ -180,15 +185,22 @@ class AsyncLLM:
     # -- called by the core's thread -------------------------------------------------------------
     def deliver(self, outputs: list[RequestOutput]) -> None:
         """Hand a step's outputs to their streams: one wake-up per event loop, not one per output."""
-        batches: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue[Any], RequestOutput]]] = {}
+        self._hand_over([(out.request_id, out) for out in outputs])
+
+    def deliver_ids(self, deltas: TokenDeltas) -> None:
+        """Hand a step's token-id reports to their streams (before that step's outputs, if any)."""
+        self._hand_over(list(zip(deltas.request_ids, deltas.token_ids)))
+
+    def _hand_over(self, items: list[tuple[str, Any]]) -> None:
+        batches: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue[Any], Any]]] = {}
         with self._lock:
-            for out in outputs:
-                stream = self._streams.get(out.request_id)
+            for request_id, item in items:
+                stream = self._streams.get(request_id)
                 if stream is not None:
-                    batches.setdefault(stream.loop, []).append((stream.queue, out))
-        for loop, items in batches.items():
+                    batches.setdefault(stream.loop, []).append((stream.queue, item))
+        for loop, pairs in batches.items():
             try:
-                loop.call_soon_threadsafe(_put_all, items)
+                loop.call_soon_threadsafe(_put_all, pairs)
             except RuntimeError:  # the caller's event loop is closed: nobody listens any more
                 pass
 

@@ -20,7 +20,7 @@ from graphrunner.intake import cache_salt, prompt_token_ids, validate_request
 from graphrunner.kv_cache import BlockPool
 from graphrunner.metrics import EngineStats
 from graphrunner.output_processor import OutputProcessor, ParentRequest
-from graphrunner.outputs import RequestOutput
+from graphrunner.outputs import RequestOutput, TokenDeltas
 from graphrunner.request import Request
 from graphrunner.sampling.batch import prepare_request_sampling
 from graphrunner.sampling_params import SamplingParams
@@ -64,6 +64,22 @@ class Engine:
         # seconds step() spent blocked on a step's results (the device still busy): a loop whose steps spend ~0
         # here is host-bound (the engine loop's counters report it per step)
         self.result_wait_s = 0.0
+        self._token_deltas: TokenDeltas | None = None  # set by report_token_deltas()
+
+    def report_token_deltas(self) -> None:
+        """From now on a step's report that is only a request's new token ids (TokenDeltas: one completion, not
+        its first or last report, no logprobs, no engine text) is collected for take_token_deltas() instead of
+        being returned by step() as a RequestOutput. For a front (AsyncLLM) that merges ids into its streams."""
+        if self._token_deltas is None:
+            self._token_deltas = TokenDeltas()
+
+    def take_token_deltas(self) -> TokenDeltas | None:
+        """The token deltas collected since the last call (None: not enabled, or none)."""
+        deltas = self._token_deltas
+        if not deltas:
+            return None
+        self._token_deltas = TokenDeltas()
+        return deltas
 
     def shutdown(self) -> None:
         """Stop the tensor-parallel worker processes, if any (dropping the engine does it too)."""
@@ -247,7 +263,7 @@ class Engine:
         for parent_id, count in per_parent.items():
             if parent_id in self._parents:
                 self.stats.tokens_generated(parent_id, count, now)
-        outputs = self._outputs.process(self._parents, changed, result, self.scheduler.finish)
+        outputs = self._outputs.process(self._parents, changed, result, self.scheduler.finish, self._token_deltas)
         return self._with_metrics(outputs)
 
     def _with_metrics(self, outputs: list[RequestOutput]) -> list[RequestOutput]:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from graphrunner.engine import Engine, StepFailed
-from graphrunner.outputs import RequestOutput
+from graphrunner.outputs import RequestOutput, TokenDeltas
 from graphrunner.sampling_params import RequestOutputKind, SamplingParams
 from graphrunner.tp_executor import WorkerDied
 
@@ -72,12 +72,18 @@ class EngineCore:
     """One Engine driven by one thread: `add` / `abort` between steps, `step` while `has_work()`."""
 
     def __init__(self, engine: Engine, max_waiting_requests: int | None,
-                 emit: Callable[[list[RequestOutput]], None]) -> None:
+                 emit: Callable[[list[RequestOutput]], None],
+                 emit_ids: Callable[[TokenDeltas], None] | None = None) -> None:
+        """emit: a step's RequestOutputs. emit_ids: a step's reports that are only new token ids (TokenDeltas),
+        always handed on before that step's RequestOutputs; without it every report is a RequestOutput."""
         if max_waiting_requests is not None and max_waiting_requests < 0:
             raise ValueError(f"max_waiting_requests must be >= 0, got {max_waiting_requests}")
         self.engine = engine
         self.max_waiting_requests = max_waiting_requests
         self._emit = emit
+        self._emit_ids = emit_ids
+        if emit_ids is not None:
+            engine.report_token_deltas()
         self.loop_stats = LoopStats()
 
     def add(self, command: AddRequest) -> str:
@@ -118,9 +124,11 @@ class EngineCore:
             logger.error("%s", exc)
             outputs = exc.outputs
             if isinstance(exc.__cause__, WorkerDied):
+                self._send_ids()
                 self._send(outputs)
                 raise exc.__cause__ from exc
         t1 = time.perf_counter()
+        self._send_ids()  # first: a request's final output (below) follows its last ids
         self._send(outputs)
         self.loop_stats.note(t0, t1, time.perf_counter(), self.engine.result_wait_s - waited)
 
@@ -136,6 +144,12 @@ class EngineCore:
     def _send(self, outputs: list[RequestOutput]) -> None:
         if outputs:
             self._emit(outputs)
+
+    def _send_ids(self) -> None:
+        if self._emit_ids is not None:
+            deltas = self.engine.take_token_deltas()
+            if deltas is not None:
+                self._emit_ids(deltas)
 
     def _check_queue(self, params: SamplingParams) -> None:
         bound = self.max_waiting_requests

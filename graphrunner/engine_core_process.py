@@ -22,14 +22,15 @@ from typing import Any
 from graphrunner.config import EngineConfig
 from graphrunner.engine_core import SWITCH_INTERVAL_S, AddRequest, EngineCore, EngineDead
 from graphrunner.metrics import RequestMetrics
-from graphrunner.outputs import CompletionOutput, Logprob, RequestOutput
+from graphrunner.outputs import CompletionOutput, Logprob, RequestOutput, TokenDeltas
 
 logger = logging.getLogger(__name__)
 
 # front -> core: ("add", token, AddRequest) | ("abort", token | None, request_id) | ("stats", token, None)
 #                | ("label", None, (name, value)) | ("stop_completion", None, (request_id, index, kept, stop))
 #                | ("stop", None, "abort" | "finish")
-# core -> front: ("ready", None, None) | ("out", None, encode_outputs([RequestOutput])) | ("reply", token, result)
+# core -> front: ("ready", None, None) | ("out", None, encode_outputs([RequestOutput]))
+#                | ("ids", None, (request_ids, token_ids)): a TokenDeltas | ("reply", token, result)
 #                | ("error", token, Exception) | ("dead", None, BaseException)
 
 
@@ -102,14 +103,20 @@ class _Outbox:
         self._queue.put(message)
 
     def outputs(self, outputs: list[RequestOutput]) -> None:
-        if len(outputs) <= self.INLINE_MAX and self._lock.acquire(blocking=False):
+        self._hand(("out", None, outputs), len(outputs))
+
+    def token_deltas(self, deltas: TokenDeltas) -> None:
+        self._hand(("ids", None, (deltas.request_ids, deltas.token_ids)), len(deltas))
+
+    def _hand(self, message: tuple[str, Any, Any], size: int) -> None:
+        if size <= self.INLINE_MAX and self._lock.acquire(blocking=False):
             try:
-                if self._queued == 0:  # nothing waits ahead of these: sending now keeps the order
-                    self._send(("out", None, outputs))
+                if self._queued == 0:  # nothing waits ahead of it: sending now keeps the order
+                    self._send(message)
                     return
             finally:
                 self._lock.release()
-        self.put(("out", None, outputs))
+        self.put(message)
 
     def close(self, timeout: float = 30.0) -> None:
         """Send what is queued, then stop the thread."""
@@ -146,7 +153,7 @@ def run_engine_core(config: EngineConfig, conn: Connection, max_waiting_requests
     try:
         from graphrunner.engine import Engine
 
-        core = EngineCore(Engine(config), max_waiting_requests, outbox.outputs)
+        core = EngineCore(Engine(config), max_waiting_requests, outbox.outputs, outbox.token_deltas)
     except BaseException as exc:  # noqa: BLE001 -- the parent shows why the engine could not start
         outbox.put(("dead", None, _picklable(exc)))
         outbox.close()
@@ -205,8 +212,9 @@ class ProcessCore:
     loaded (or raises the child's error)."""
 
     def __init__(self, config: EngineConfig, max_waiting_requests: int | None,
-                 deliver: Callable[[list[RequestOutput]], None], die: Callable[[BaseException], None]) -> None:
-        self._deliver, self._die = deliver, die
+                 deliver: Callable[[list[RequestOutput]], None], deliver_ids: Callable[[TokenDeltas], None],
+                 die: Callable[[BaseException], None]) -> None:
+        self._deliver, self._deliver_ids, self._die = deliver, deliver_ids, die
         ctx = multiprocessing.get_context("spawn")  # CUDA cannot be forked
         self._conn, child_conn = ctx.Pipe()
         # not a daemon: tensor-parallel workers are its children, and daemons may have none
@@ -291,7 +299,9 @@ class ProcessCore:
         try:
             while True:
                 kind, token, arg = self._conn.recv()
-                if kind == "out":
+                if kind == "ids":
+                    self._deliver_ids(TokenDeltas(*arg))
+                elif kind == "out":
                     self._deliver(decode_outputs(arg))
                 elif kind in ("reply", "error"):
                     entry = self._pending.pop(token, None)

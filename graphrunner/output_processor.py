@@ -11,7 +11,7 @@ from typing import Any
 
 from graphrunner.async_output import StepOutput
 from graphrunner.detokenizer import DeferredDetokenizer, IncrementalDetokenizer
-from graphrunner.outputs import CompletionOutput, Logprob, RequestOutput
+from graphrunner.outputs import CompletionOutput, Logprob, RequestOutput, TokenDeltas
 from graphrunner.request import Request
 from graphrunner.sampling.logprobs import LogprobsTensors
 
@@ -77,6 +77,19 @@ class ParentRequest:
         return RequestOutput(self.request_id, self.prompt if first else None, self.prompt_token_ids if first else [],
                              outs, done, self.prompt_logprobs if first else None, num_cached_tokens=cached)
 
+    def token_delta(self) -> list[int] | None:
+        """The new token ids when this step's report can be only those (TokenDeltas), else None: one completion,
+        delta reports of ids alone, a first report already sent, the completion not finished."""
+        if not self._sent or len(self.children) != 1 or self.detoks[0] is not None or self.logprobs:
+            return None
+        child = self.children[0]
+        if child.finished or not self.delta:
+            return None
+        sent = self._sent[0][0]
+        ids = child.output_token_ids
+        self._sent = [(len(ids), 0)]
+        return ids[sent:]
+
     def _delta_ids_only(self) -> RequestOutput | None:
         """delta_output for the server's common case, once per request per step: one completion, no text made
         here (the front detokenizes), no logprobs."""
@@ -136,8 +149,9 @@ class OutputProcessor:
         return self.tokenizer.decode([token]) if self.tokenizer is not None else None
 
     def process(self, parents: dict[str, ParentRequest], changed: list[tuple[int, Request, int]],
-                result: StepOutput, finish: Any) -> list[RequestOutput]:
+                result: StepOutput, finish: Any, deltas: TokenDeltas | None = None) -> list[RequestOutput]:
         """Fold one step's results into the parents; `finish(req, reason, stop)` ends a request on a stop string.
+        With `deltas`, a report that is only new token ids goes there instead of into a RequestOutput.
         `changed`: (batch row, request, new tokens), the new tokens at the end of req.output_token_ids; a stop
         string inside a run of several tokens (speculative decoding) drops the run's later tokens."""
         lp = LogprobRows(result.logprobs) if result.logprobs is not None else None
@@ -179,6 +193,13 @@ class OutputProcessor:
         for rid, parent in touched.items():
             if parent.final_only and not all(c.finished for c in parent.children):
                 continue
+            if deltas is not None:
+                ids = parent.token_delta()
+                if ids is not None:
+                    if ids:
+                        deltas.request_ids.append(rid)
+                        deltas.token_ids.append(ids)
+                    continue
             out = parent.report()
             if out is None:
                 continue

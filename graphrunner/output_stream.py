@@ -62,6 +62,12 @@ class MergedStream:
                 if acc.detok is not None:
                     acc.detok.finish()  # the final text: what was held back is flushed
 
+    def add_ids(self, token_ids: list[int]) -> None:
+        """New token ids of the only completion (a TokenDeltas report: never a request's first or last)."""
+        acc = self.completions[0]
+        if not acc.finished:  # ended here on a stop string: what the engine made after it is dropped
+            self._append(0, acc, CompletionOutput(0, "", token_ids))
+
     def _detokenizer(self) -> IncrementalDetokenizer | None:
         if self.tokenizer is None:
             return None

@@ -33,6 +33,12 @@ class FakeEngine:
         self.step_delay = 0.0  # seconds per step: a test racing the loop sets it so its request cannot finish first
         self.result_wait_s = 0.0  # Engine's counter of time blocked on results (this fake never waits)
 
+    def report_token_deltas(self) -> None:  # this fake always reports RequestOutputs
+        pass
+
+    def take_token_deltas(self) -> None:
+        return None
+
     def add_request(self, prompt: Any, params: SamplingParams, request_id: str, final_only: bool = False,
                     delta: bool = False, detokenize: bool = True) -> str:
         if prompt == "bad":

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 
 import pytest
 from tiny_models import make_tiny_model, tiny_tokenizer
@@ -193,3 +194,52 @@ def test_async_delta_outputs_join_to_the_cumulative_one(engine: Engine) -> None:
     assert deltas[-1].finished and _concat(deltas) == _full(fulls[-1])
     assert fulls[-1].outputs[0].finish_reason == "stop"
     assert deltas[0].prompt_logprobs is not None and all(d.prompt_logprobs is None for d in deltas[1:])
+
+
+def test_async_token_deltas_stream_as_request_outputs(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """AsyncLLM's loop reports the middle steps of plain requests (one completion, no logprobs) as TokenDeltas,
+    ids only: the streams still give LLMEngine's outputs: DELTA pieces join to the cumulative output, a stop string
+    is cut where it completes, a request without one runs to max_tokens."""
+    with_stop = dataclasses.replace(_delta_params(engine, RequestOutputKind.CUMULATIVE), logprobs=None,
+                                    prompt_logprobs=None)
+    no_stop = dataclasses.replace(with_stop, stop=None)
+    reference = LLMEngine(engine)
+    for rid, params in (("ref-stop", with_stop), ("ref-plain", no_stop)):
+        reference.add_request(rid, {"prompt_token_ids": list(PROMPT_IDS)}, params)
+    expected: dict[str, RequestOutput] = {}
+    while reference.has_unfinished_requests():
+        for out in reference.step():
+            if out.finished:
+                expected[out.request_id] = out
+    taken: list[int] = []
+    real_take = engine.take_token_deltas
+
+    def spy() -> object:
+        deltas = real_take()
+        if deltas is not None:
+            taken.append(len(deltas))
+        return deltas
+
+    monkeypatch.setattr(engine, "take_token_deltas", spy)
+    llm = AsyncLLM.from_engine(engine)
+    try:
+        async def run(params: SamplingParams, rid: str) -> list[RequestOutput]:
+            return [o async for o in llm.generate({"prompt_token_ids": list(PROMPT_IDS)}, params, rid)]
+
+        async def all_four() -> list[list[RequestOutput]]:
+            return list(await asyncio.gather(
+                run(with_stop, "c-stop"), run(no_stop, "c-plain"),
+                run(dataclasses.replace(with_stop, output_kind=RequestOutputKind.DELTA), "d-stop"),
+                run(dataclasses.replace(no_stop, output_kind=RequestOutputKind.DELTA), "d-plain")))
+
+        c_stop, c_plain, d_stop, d_plain = asyncio.run(all_four())
+    finally:
+        llm.shutdown()
+    assert sum(taken) > 0  # the engine did report token deltas
+    assert _full(c_stop[-1]) == _full(expected["ref-stop"]) and c_stop[-1].outputs[0].finish_reason == "stop"
+    assert _full(c_plain[-1]) == _full(expected["ref-plain"]) and len(c_plain[-1].outputs[0].token_ids) == 20
+    assert _concat(d_stop) == _full(expected["ref-stop"]) and _concat(d_plain) == _full(expected["ref-plain"])
+    assert len(d_plain) > 2  # streamed in several pieces
+    for outs in (c_stop, c_plain):  # cumulative outputs only grow
+        ids = [list(o.outputs[0].token_ids) for o in outs]
+        assert all(b[:len(a)] == a for a, b in itertools.pairwise(ids))

@@ -57,8 +57,9 @@ def run(llm: LLM, prompts: list[list[int]], output_len: int, detokenize: bool) -
 
 
 def run_serve(llm: LLM, prompts: list[list[int]], output_len: int, profile: bool) -> dict[str, float]:
-    """The engine-core process's side of a step at T1's shape: EngineCore steps with delta outputs for every
-    request (as the server asks), each step's outputs encoded and pickled as the sender thread does."""
+    """The engine-core process's side of a step at T1's shape: EngineCore steps with delta reports for every
+    request (as the server asks: token-id deltas, RequestOutputs for first and last reports), each step's messages
+    encoded and pickled as the sender thread does."""
     import pickle
 
     from graphrunner.engine_core import AddRequest, EngineCore
@@ -70,7 +71,12 @@ def run_serve(llm: LLM, prompts: list[list[int]], output_len: int, profile: bool
         nonlocal wire_bytes
         wire_bytes += len(pickle.dumps(("out", None, encode_outputs(outputs)), protocol=pickle.HIGHEST_PROTOCOL))
 
-    core = EngineCore(llm.engine, None, emit)
+    def emit_ids(deltas: Any) -> None:
+        nonlocal wire_bytes
+        wire_bytes += len(pickle.dumps(("ids", None, (deltas.request_ids, deltas.token_ids)),
+                                       protocol=pickle.HIGHEST_PROTOCOL))
+
+    core = EngineCore(llm.engine, None, emit, emit_ids)
     params = SamplingParams(temperature=0.6, max_tokens=output_len, ignore_eos=True)
     for i, p in enumerate(prompts):
         core.add(AddRequest({"prompt_token_ids": p}, params, f"serve-{i}"))
