@@ -18,6 +18,7 @@ from graphrunner.config import EngineConfig
 from graphrunner.detokenizer import DeferredDetokenizer, IncrementalDetokenizer
 from graphrunner.intake import cache_salt, prompt_token_ids, validate_request
 from graphrunner.kv_cache import BlockPool
+from graphrunner.log_setup import configure_from_env
 from graphrunner.metrics import EngineStats
 from graphrunner.output_processor import OutputProcessor, ParentRequest
 from graphrunner.outputs import RequestOutput, TokenDeltas
@@ -49,6 +50,7 @@ class StepFailed(RuntimeError):
 
 class Engine:
     def __init__(self, config: EngineConfig, model_state: ModelState | None = None) -> None:
+        configure_from_env()  # GRAPHRUNNER_LOG_LEVEL=INFO: the start-up stages with their seconds
         self.config = config
         self.tokenizer = None if config.skip_tokenizer_init else load_tokenizer(config.tokenizer_dir)
         self.runner, num_blocks = build_engine_runner(config, model_state)  # rank 0's, with tensor parallelism

@@ -24,10 +24,12 @@ FIRST_TOKEN = """
 import sys, time
 t0 = float(sys.argv[1])
 from graphrunner import LLM, SamplingParams
+print(f"STAGE imported {time.time() - t0:.3f}", flush=True)
 kw = {"enforce_eager": True} if sys.argv[3] == "eager" else {}
 if sys.argv[3] not in ("eager", "-"):
     kw["compile_cache"] = sys.argv[3]
 llm = LLM(model=None if sys.argv[2] == "-" else sys.argv[2], **kw)
+print(f"STAGE engine built {time.time() - t0:.3f}", flush=True)
 llm.generate([[1, 2, 3, 4]], SamplingParams(temperature=0, max_tokens=1, ignore_eos=True))
 print(f"FIRST_TOKEN {time.time() - t0:.3f}")
 """
@@ -49,6 +51,14 @@ def _first_token(model: str, cache: str, env: dict[str, str]) -> float:
                           text=True, check=False, env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"run failed: {proc.stderr[-2000:]}")
+    # where the seconds went: the child's stage marks (since spawn) and, with GRAPHRUNNER_LOG_LEVEL=INFO, the
+    # runner's start-up stages (each with the seconds since the previous one)
+    for line in proc.stdout.splitlines():
+        if line.startswith("STAGE "):
+            print(f"    [{cache}] at {line.rsplit(' ', 1)[1]} s: {line[6:].rsplit(' ', 1)[0]}", flush=True)
+    for line in proc.stderr.splitlines():
+        if "graphrunner.worker:" in line:
+            print(f"    [{cache}] {line.split('graphrunner.worker: ', 1)[1]}", flush=True)
     return float(proc.stdout.split("FIRST_TOKEN")[-1])
 
 

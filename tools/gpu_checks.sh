@@ -107,7 +107,8 @@ bench2)
 startup)
   model
   # S1: cold (empty caches), precompile, warm start from it, eager
-  T 560 python3 tools/bench_startup.py --model /tmp/q06 --steps precompile,warm,cold,eager \
+  # GRAPHRUNNER_LOG_LEVEL=INFO: each start-up stage with its seconds (load, compile, captures, KV) in s1.log
+  GRAPHRUNNER_LOG_LEVEL=INFO T 560 python3 tools/bench_startup.py --model /tmp/q06 --steps precompile,warm,cold,eager \
     --json "$R/s1.json" > "$R/s1.log" 2>&1
   ;;
 serve)
