@@ -48,7 +48,7 @@ class ParentRequest:
         engine-core process pickles every report; prompt logprobs are complete once a token was sampled). Text
         that may still become part of a stop string is held back until its completion finishes, so text once
         reported is never taken back."""
-        if len(self.children) == 1 and self.detoks[0] is None and not self.logprobs:
+        if self._ids_only:
             return self._delta_ids_only()
         self.finish_text()
         first = not self._sent
@@ -77,31 +77,34 @@ class ParentRequest:
         return RequestOutput(self.request_id, self.prompt if first else None, self.prompt_token_ids if first else [],
                              outs, done, self.prompt_logprobs if first else None, num_cached_tokens=cached)
 
-    def token_delta(self) -> list[int] | None:
-        """The new token ids when this step's report can be only those (TokenDeltas), else None: one completion,
-        delta reports of ids alone, a first report already sent, the completion not finished."""
-        if not self._sent or len(self.children) != 1 or self.detoks[0] is not None or self.logprobs:
-            return None
-        child = self.children[0]
-        if child.finished or not self.delta:
-            return None
-        sent = self._sent[0][0]
-        ids = child.output_token_ids
+    @property
+    def _ids_only(self) -> bool:
+        """One completion whose reports are token ids alone: no text made here (the front detokenizes), no
+        logprobs."""
+        return len(self.children) == 1 and self.detoks[0] is None and not self.logprobs
+
+    def _take_ids(self) -> list[int]:
+        """The only completion's ids since the previous report, now marked reported."""
+        ids = self.children[0].output_token_ids
+        sent = self._sent[0][0] if self._sent else 0
         self._sent = [(len(ids), 0)]
         return ids[sent:]
 
+    def token_delta(self) -> list[int] | None:
+        """The new token ids when this step's report can be only those (TokenDeltas), else None: delta reports of
+        ids alone, a first report already sent, the completion not finished."""
+        if not (self.delta and self._sent and self._ids_only) or self.children[0].finished:
+            return None
+        return self._take_ids()
+
     def _delta_ids_only(self) -> RequestOutput | None:
-        """delta_output for the server's common case, once per request per step: one completion, no text made
-        here (the front detokenizes), no logprobs."""
+        """delta_output for the server's common case, once per request per step (see _ids_only)."""
         child = self.children[0]
         first = not self._sent
-        sent_tokens = 0 if first else self._sent[0][0]
-        ids = child.output_token_ids
         done = child.finished
-        if not done and len(ids) == sent_tokens:
+        if not done and len(child.output_token_ids) == (0 if first else self._sent[0][0]):
             return None
-        self._sent = [(len(ids), 0)]
-        out = CompletionOutput(child.index, "", ids[sent_tokens:], finish_reason=child.finish_reason,
+        out = CompletionOutput(child.index, "", self._take_ids(), finish_reason=child.finish_reason,
                                stop_reason=child.stop_reason)
         return RequestOutput(self.request_id, self.prompt if first else None, self.prompt_token_ids if first else [],
                              [out], done, self.prompt_logprobs if first else None,
