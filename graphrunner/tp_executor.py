@@ -42,6 +42,7 @@ from graphrunner.parallel_state import (
     destroy_tensor_parallel,
     init_tensor_parallel,
 )
+from graphrunner.proc_exit import exit_code_if_exiting
 from graphrunner.runner import ModelRunner
 from graphrunner.scheduler import SchedulerOutput
 from graphrunner.tp_plan import STOP, RowMirror, encode_plan
@@ -51,6 +52,7 @@ from model_states import ModelState
 logger = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_S = 600.0  # a collective (or the start-up rendezvous, or a step's output) waiting longer than this fails
+DEATH_POLL_S = 0.05  # while a step's output is pending, how often the workers' /proc state is read
 STACKS_ENV = "GRAPHRUNNER_TP_STACKS_AFTER_S"  # a worker that receives no plan for this long prints its threads' stacks
 
 
@@ -189,7 +191,10 @@ class _Workers:
         with self._lock:
             if self.dead is None and not self.closing:
                 for rank, (proc, conn) in enumerate(zip(self.procs, self.conns, strict=True), start=1):
-                    if proc.is_alive():
+                    # a killed GPU worker may not be reapable (nor its sentinel ready) while rank 0's collectives
+                    # still hold its memory: /proc shows the exit at once
+                    code = exit_code_if_exiting(proc.pid) if proc.is_alive() else proc.exitcode
+                    if code is None:
                         continue
                     detail = ""
                     try:
@@ -199,8 +204,7 @@ class _Workers:
                                 detail = f"; its error:\n{payload}"
                     except (EOFError, OSError, ValueError):
                         pass
-                    self.dead = (f"tensor-parallel worker rank {rank} (pid {proc.pid}) exited with code "
-                                 f"{proc.exitcode}{detail}")
+                    self.dead = f"tensor-parallel worker rank {rank} (pid {proc.pid}) exited with code {code}{detail}"
                     break
             return self.dead
 
@@ -279,11 +283,17 @@ class _WatchedOutput:
     def result(self) -> StepOutput:
         # collectives replayed inside CUDA graphs are not watched by NCCL's watchdog: without this deadline a rank
         # waiting on a live but stuck (or out-of-step) peer would wait for good
-        deadline = time.monotonic() + self._timeout_s
+        start = time.monotonic()
+        deadline, next_look = start + self._timeout_s, start + DEATH_POLL_S
         while not self._inner.ready():
-            if self._workers.dead is not None:  # set by the watcher thread the moment a worker exits
+            if self._workers.dead is not None:  # set by the watcher thread the moment a worker is reaped
                 raise WorkerDied(self._workers.dead)
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if now > next_look:  # (a step that takes this long is rare: look at the workers' /proc state)
+                next_look = now + DEATH_POLL_S
+                if self._workers.note_death() is not None:
+                    raise WorkerDied(self._workers.dead)
+            if now > deadline:
                 self._workers.stalled(f"a tensor-parallel step's output did not arrive within {self._timeout_s:.0f} s "
                                       f"(GRAPHRUNNER_TP_TIMEOUT_S): a rank is stuck or the ranks are out of step "
                                       f"(the workers' stacks are on stderr); create a new engine")

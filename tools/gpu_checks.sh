@@ -144,7 +144,8 @@ tp)
   echo "pytest rc=$?" >> "$R/pytest_tp_rest.log"
   ;;
 tp-bench)
-  T 560 python3 tools/bench_tp.py --out /tmp/qwen3-8b-random --tp-sizes 1,2 --json "$R/bench_tp.json" \
+  T 560 python3 tools/bench_tp.py --out /tmp/qwen3-8b-random --tp-sizes 1,2 \
+    --t1-requests "${TP_T1:-256}" --max-num-seqs 256 --json "$R/bench_tp.json" \
     > "$R/bench_tp.log" 2>&1
   ;;
 *) echo "unknown phase $phase" >&2; exit 2 ;;
