@@ -13,6 +13,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from graphrunner.host_tensors import host_tensor
 from graphrunner.kernel_checks import check_tensor as _check
 from graphrunner.kernel_checks import step_sizes
 
@@ -78,8 +79,7 @@ class StepBuffers:
         """The host image of step_rows[:counts_offset(padded) + padded] for a step: rows, then the padding row up
         to `padded`, zeros up to the counts' offset, the counts, zeros for the padding rows."""
         pad, off = padded - len(rows), self.counts_offset(padded)
-        return torch.tensor(rows + [self.padding_row] * pad + [0] * (off - padded) + counts + [0] * pad,
-                            dtype=torch.int32)
+        return host_tensor(rows + [self.padding_row] * pad + [0] * (off - padded) + counts + [0] * pad, torch.int32)
 
     def fill_padding_rows(self, num_reqs: int) -> None:
         """Point the first num_reqs step rows at the padding row with 0 tokens (capture's dummy batch)."""

@@ -20,6 +20,7 @@ from torch import nn
 
 from graphrunner.async_output import AsyncStepOutput, OutputCopier, PromptLogprobSpan, SpecTensors, StepOutput
 from graphrunner.attention import forward_context
+from graphrunner.host_tensors import to_device
 from graphrunner.input_prep import StepBuffers, StepInputs, prepare_inputs
 from graphrunner.kv_cache import blocks_needed
 from graphrunner.parallel_state import tp_size
@@ -36,7 +37,7 @@ from graphrunner.spec_decode.proposer import NgramProposer
 from graphrunner.spec_decode.sampler import verify_sample
 from graphrunner.spec_decode.update import post_update_spec
 from graphrunner.state_kernels import post_update
-from graphrunner.state_table import StateTable, to_device
+from graphrunner.state_table import StateTable
 from graphrunner.step_plan import GraphDispatcher, StepBodies, StepMode, StepPlan, StepShape
 from model_states.base import ModelState
 

@@ -7,10 +7,12 @@ applies them with the ragged-write kernel, in stream order with the steps around
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass, field
 
 import torch
 
+from graphrunner.host_tensors import to_device
 from graphrunner.penalty_counts import PenaltyCounts, fill_counts
 from graphrunner.sampling_params import SamplingParams
 from graphrunner.state_kernels import apply_ragged_writes
@@ -19,14 +21,7 @@ from graphrunner.state_kernels import apply_ragged_writes
 _FLOAT_FIELDS = ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
 
 _INT32_MAX = 2**31 - 1
-
-
-def to_device(data: list[int] | list[float], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """One host list -> device tensor without a synchronising copy (pinned + non_blocking on CUDA)."""
-    host = torch.tensor(data, dtype=dtype)
-    if device.type == "cuda":
-        return host.pin_memory().to(device, non_blocking=True)
-    return host
+_ZEROS = [0, 0, 0, 0]
 
 
 @dataclass
@@ -118,7 +113,10 @@ class StateTable:
                     *self._ints, self._penalty_rows]
         # each section starts on a 16-byte boundary: Triton specialises kernels on pointer alignment, and views at
         # offsets that followed the data would compile new kernel variants while serving
-        packed = [v for sec in sections for v in sec + [0] * (-len(sec) % 4)]
+        packed = array("i")
+        for sec in sections:
+            packed.extend(sec)
+            packed.extend(_ZEROS[:-len(sec) % 4])
         dev = to_device(packed, torch.int32, self.device)  # one H2D copy for all int32 diffs
         off = 0
 

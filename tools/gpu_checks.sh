@@ -8,6 +8,7 @@
 #   bash tools/gpu_checks.sh spec-train # issue 16: train a larger target + an EAGLE head (carry data/cache/demo_corpus)
 #   bash tools/gpu_checks.sh spec-bench # ... then, on the same warm machine, TPOT per proposer on held-out text
 #   bash tools/gpu_checks.sh bench2     # T1 with and without penalties, P1 (with profile), L1 step breakdown
+#   bash tools/gpu_checks.sh p1         # P1 alone (hit vs miss TTFT, with profile)
 #   bash tools/gpu_checks.sh startup    # S1: cold, precompile, warm, eager
 #   bash tools/gpu_checks.sh serve      # offline L1 and T1, then SV1 with the engine loop in a process (needs .whl/)
 #   bash tools/gpu_checks.sh serve-thread  # SV1 with the loop in a thread of the server (the old layout)
@@ -17,7 +18,7 @@
 # limit so the last phase still ends (and is tarred) inside the device call:
 #   DEADLINE=560 bash tools/gpu_checks.sh tests-a tests-b
 set -u
-[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | bench2 | startup | serve | serve-thread | tp | tp-bench" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | p1 | bench2 | startup | serve | serve-thread | tp | tp-bench" >&2; exit 2; }
 OUT=${OUT:-/tmp/out}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 END=$(( $(date +%s) + ${DEADLINE:-100000} ))
@@ -94,6 +95,11 @@ spec-bench)
       --workloads text --text-ids data/cache/demo_corpus/val.npy --batch-sizes 1,64 --k 4 \
       --disable-by-batch-size 32 --json "$R/spec_$m.json" > "$R/spec_$m.log" 2>&1
   done
+  ;;
+p1)
+  model
+  T 150 python3 tools/bench_prefix_cache.py --model /tmp/q06 --repeats 5 --profile \
+    --json "$R/p1.json" > "$R/p1.log" 2>&1
   ;;
 bench2)
   model

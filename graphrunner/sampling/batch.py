@@ -12,9 +12,9 @@ from typing import Any
 
 import torch
 
+from graphrunner.host_tensors import to_device
 from graphrunner.sampling.masks import AllowedTokens, BadWordPrefixes, SparseEdits
 from graphrunner.sampling_params import SamplingParams
-from graphrunner.state_table import to_device
 
 
 @dataclass

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from graphrunner.state_table import to_device
+from graphrunner.host_tensors import to_device
 
 
 @dataclass(frozen=True)
