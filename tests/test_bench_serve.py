@@ -154,6 +154,14 @@ def fake(fake_server: FakeServer) -> FakeServer:
     return fake_server
 
 
+@pytest.fixture(params=["httpx", "aiohttp"])
+def client(request: pytest.FixtureRequest) -> str:
+    """Each load test runs with both HTTP client libraries bench_serve can use."""
+    if request.param == "aiohttp":
+        pytest.importorskip("aiohttp")
+    return request.param
+
+
 def _run(fake: FakeServer, prompts: list[str], **kw: Any) -> Any:
     kw = {"num_requests": 40, "max_tokens": 4, "concurrency": 8, "timeout_s": 10.0, "seed": 1, **kw}
     return asyncio.run(bs.run_load(fake.base_url, "fake-model", prompts, **kw))
@@ -172,10 +180,10 @@ PROMPTS = [f"prompt number {i}" for i in range(7)]
 
 
 # ----------------------------------------------------------------------------------------------- load runs
-def test_mixed_load_counts_failures_and_cancels(fake: FakeServer) -> None:
+def test_mixed_load_counts_failures_and_cancels(fake: FakeServer, client: str) -> None:
     prompts = [*PROMPTS, "FAIL here"]  # request i fails when i % 8 == 7
     kw = {"stream_fraction": 0.5, "cancel_fraction": 0.25, "seed": 3}
-    res = _run(fake, prompts, **kw)
+    res = _run(fake, prompts, client=client, **kw)
     plans = bs.plan_requests(prompts, 40, **kw)
     fails = {p.index for p in plans if p.prompt.startswith("FAIL")}
     cancels = {p.index for p in plans if p.cancel_after is not None} - fails
@@ -192,9 +200,9 @@ def test_mixed_load_counts_failures_and_cancels(fake: FakeServer) -> None:
     assert res.output_throughput == pytest.approx(res.total_output_tokens / res.duration_s)
 
 
-def test_cancel_fraction_is_exact_and_closes_the_stream(fake: FakeServer) -> None:
+def test_cancel_fraction_is_exact_and_closes_the_stream(fake: FakeServer, client: str) -> None:
     # 30 tokens: the server is still streaming (for 140 ms more) when the client closes, also on a busy machine
-    res = _run(fake, PROMPTS, stream_fraction=1.0, cancel_fraction=0.25, cancel_after=2, max_tokens=30)
+    res = _run(fake, PROMPTS, client=client, stream_fraction=1.0, cancel_fraction=0.25, cancel_after=2, max_tokens=30)
     assert (res.completed, res.cancelled, res.failed) == (30, 10, 0)
     cancelled = [r for r in res.records if r.status == bs.CANCELLED]
     assert all(r.chunks == 2 and r.output_tokens == 2 and len(r.itl_s) == 1 for r in cancelled)
@@ -207,8 +215,8 @@ def test_cancel_fraction_is_exact_and_closes_the_stream(fake: FakeServer) -> Non
     assert {p.index for p in other if p.cancel_after} != {r.index for r in cancelled}
 
 
-def test_statistics_match_a_reference(fake: FakeServer) -> None:
-    res = _run(fake, PROMPTS, stream_fraction=0.75, max_tokens=5)
+def test_statistics_match_a_reference(fake: FakeServer, client: str) -> None:
+    res = _run(fake, PROMPTS, client=client, stream_fraction=0.75, max_tokens=5)
     assert res.failed == 0 and res.cancelled == 0
     streamed = [r for r in res.records if r.stream]
     ttft = [r.ttft_s * 1e3 for r in streamed]
@@ -232,19 +240,19 @@ def test_concurrency_bound_is_respected(fake: FakeServer) -> None:
     assert 2 <= fake.max_in_flight <= 6 and fake.requests == 48
 
 
-def test_tokens_from_usage_else_chunks(fake: FakeServer) -> None:
+def test_tokens_from_usage_else_chunks(fake: FakeServer, client: str) -> None:
     fake.tokens_per_chunk = 2
-    with_usage = _run(fake, PROMPTS, num_requests=8, max_tokens=6)
+    with_usage = _run(fake, PROMPTS, client=client, num_requests=8, max_tokens=6)
     fake.tokens_per_chunk = 2
-    without = _run(fake, PROMPTS, num_requests=8, max_tokens=6, include_usage=False)
+    without = _run(fake, PROMPTS, client=client, num_requests=8, max_tokens=6, include_usage=False)
     assert {r.output_tokens for r in with_usage.records} == {6} and {r.chunks for r in with_usage.records} == {3}
     assert {r.output_tokens for r in without.records} == {3}
     r = with_usage.records[0]
     assert r.tpot_s == pytest.approx((r.e2e_s - r.ttft_s) / 5)
 
 
-def test_chat_endpoint_skips_role_chunk_for_ttft(fake: FakeServer) -> None:
-    res = _run(fake, PROMPTS, num_requests=12, endpoint="chat", stream_fraction=0.5, cancel_fraction=0.25)
+def test_chat_endpoint_skips_role_chunk_for_ttft(fake: FakeServer, client: str) -> None:
+    res = _run(fake, PROMPTS, client=client, num_requests=12, endpoint="chat", stream_fraction=0.5, cancel_fraction=0.25)
     assert (res.completed, res.cancelled, res.failed) == (9, 3, 0)
     assert res.ttft_ms.count == 3 and res.ttft_ms.p50 >= FIRST_DELAY_S * 1e3
     assert all(r.output_tokens == 4 for r in res.records if r.status == bs.COMPLETED)
@@ -261,19 +269,19 @@ def test_poisson_arrivals(fake: FakeServer) -> None:
     assert res.duration_s >= arrivals[-1]
 
 
-def test_timeouts_and_connection_errors_fail_requests(fake: FakeServer) -> None:
-    res = _run(fake, ["SLOW one", "quick one"], num_requests=4, stream_fraction=0.5, timeout_s=0.3)
+def test_timeouts_and_connection_errors_fail_requests(fake: FakeServer, client: str) -> None:
+    res = _run(fake, ["SLOW one", "quick one"], client=client, num_requests=4, stream_fraction=0.5, timeout_s=0.3)
     assert res.completed + res.failed == 4 and res.failed == 2
     assert all("timed out after 0.3 s" in e for e in res.errors)
     t0 = time.monotonic()
-    dead = asyncio.run(bs.run_load(f"http://127.0.0.1:{free_port()}", "m", PROMPTS, num_requests=3,
+    dead = asyncio.run(bs.run_load(f"http://127.0.0.1:{free_port()}", "m", PROMPTS, client=client, num_requests=3,
                                    max_tokens=2, concurrency=3, stream_fraction=0.5, timeout_s=5.0))
-    assert dead.failed == 3 and all("ConnectError" in e for e in dead.errors)
+    assert dead.failed == 3 and all("Connect" in e for e in dead.errors)  # ConnectError, ClientConnectorError
     assert dead.ttft_ms.count == 0 and dead.ttft_ms.p50 is None and time.monotonic() - t0 < 5
 
 
-def test_api_key_and_v1_base_url(fake: FakeServer) -> None:
-    res = asyncio.run(bs.run_load(fake.base_url + "/v1/", "fake-model", PROMPTS, num_requests=3, max_tokens=2,
+def test_api_key_and_v1_base_url(fake: FakeServer, client: str) -> None:
+    res = asyncio.run(bs.run_load(fake.base_url + "/v1/", "fake-model", PROMPTS, client=client, num_requests=3, max_tokens=2,
                                   api_key="sk-test", timeout_s=10.0))
     assert res.completed == 3 and fake.auth == ["Bearer sk-test"] * 3
 

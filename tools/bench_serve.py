@@ -23,7 +23,10 @@ body, a connection error, or the per-request `timeout_s`); the first MAX_ERRORS 
 `scrape_metrics` reads `/metrics` (Prometheus text) into {name: value}, summing a metric's label sets
 (e.g. `vllm:num_requests_running` over `model_name`s); `keep_labels=True` keys by `name{labels}` instead.
 
-Only the given base URL is ever contacted (proxy environment variables are ignored). Example:
+The HTTP client is aiohttp when it is installed (what vLLM's benchmark_serving uses; `client="httpx"` picks httpx):
+httpx spends ~1-3 ms more of the client's own time per request, which a TTFT measurement would otherwise
+charge to the server. Only the given base URL is ever contacted (proxy environment variables are ignored).
+Example:
 
     python tools/bench_serve.py --base-url http://127.0.0.1:8000 --num-requests 1000 --concurrency 64 \\
         --max-tokens 8 --stream-fraction 0.5 --cancel-fraction 0.1 --metrics --json /tmp/load.json
@@ -40,10 +43,15 @@ import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Self
 
 import httpx
 import numpy as np
+
+try:
+    import aiohttp
+except ImportError:  # optional: httpx serves the same requests
+    aiohttp = None
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8000"
 COMPLETED, CANCELLED, FAILED = "completed", "cancelled", "failed"
@@ -210,10 +218,100 @@ def make_client(base_url: str, *, api_key: str | None = None, timeout_s: float =
                              limits=limits, trust_env=False)
 
 
-async def sse_data(response: httpx.Response):
-    """Yield the `data` of each server-sent event (multi-line data joined by newlines; comments ignored)."""
+def resolve_client(client: str) -> str:
+    """"auto" -> "aiohttp" when installed, else "httpx"; anything else must be one of the two (and installed)."""
+    if client == "auto":
+        return "aiohttp" if aiohttp is not None else "httpx"
+    if client not in ("aiohttp", "httpx"):
+        raise ValueError(f"client must be auto, aiohttp or httpx, got {client!r}")
+    if client == "aiohttp" and aiohttp is None:
+        raise ValueError("client='aiohttp' but aiohttp is not installed")
+    return client
+
+
+@dataclass
+class _Reply:
+    """A response as the sender reads it, whichever library made it."""
+
+    status: int
+    lines: Any  # async iterator of the body's lines (str, no line ending)
+    read_text: Any  # coroutine function: the whole (rest of the) body as text
+
+
+class _ReplyContext:
+    """`async with transport.post(path, body) as reply`: the library's own context manager, its response adapted."""
+
+    def __init__(self, cm: Any, adapt: Any) -> None:
+        self._cm, self._adapt = cm, adapt
+
+    async def __aenter__(self) -> _Reply:
+        return self._adapt(await self._cm.__aenter__())
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._cm.__aexit__(*exc)
+
+
+def _from_httpx(resp: httpx.Response) -> _Reply:
+    async def text() -> str:
+        await resp.aread()
+        return resp.text
+    return _Reply(resp.status_code, resp.aiter_lines(), text)
+
+
+def _from_aiohttp(resp: Any) -> _Reply:
+    async def lines() -> Any:
+        async for raw in resp.content:  # (aiohttp's StreamReader iterates lines)
+            yield raw.decode("utf-8").rstrip("\r\n")
+    return _Reply(resp.status, lines(), resp.text)
+
+
+class _HttpxTransport:
+    def __init__(self, base_url: str, headers: dict[str, str], timeout_s: float, max_connections: int | None) -> None:
+        self._client = make_client(base_url, timeout_s=timeout_s, max_connections=max_connections)
+        self._client.headers.update(headers)
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._client.aclose()
+
+    def post(self, path: str, body: dict[str, Any]) -> _ReplyContext:
+        return _ReplyContext(self._client.stream("POST", path, json=body), _from_httpx)
+
+
+class _AiohttpTransport:
+    def __init__(self, base_url: str, headers: dict[str, str], timeout_s: float, max_connections: int | None) -> None:
+        self._args = (_origin(base_url), headers, timeout_s, max_connections)
+        self._session: Any = None
+
+    async def __aenter__(self) -> Self:
+        origin, headers, timeout_s, max_connections = self._args
+        self._session = aiohttp.ClientSession(
+            base_url=origin, headers=headers, timeout=aiohttp.ClientTimeout(total=timeout_s), trust_env=False,
+            connector=aiohttp.TCPConnector(limit=max_connections or 0))
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._session.close()
+
+    def post(self, path: str, body: dict[str, Any]) -> _ReplyContext:
+        return _ReplyContext(self._session.post(path, json=body), _from_aiohttp)
+
+
+def make_transport(client: str, base_url: str, *, api_key: str | None, timeout_s: float,
+                   max_connections: int | None) -> Any:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    kind = _AiohttpTransport if resolve_client(client) == "aiohttp" else _HttpxTransport
+    return kind(base_url, headers, timeout_s, max_connections)
+
+
+async def sse_data(response: Any):
+    """Yield the `data` of each server-sent event (multi-line data joined by newlines; comments ignored) of an
+    httpx response or a _Reply."""
     lines: list[str] = []
-    async for line in response.aiter_lines():
+    source = response.lines if isinstance(response, _Reply) else response.aiter_lines()
+    async for line in source:
         if not line:
             if lines:
                 yield "\n".join(lines)
@@ -245,7 +343,7 @@ async def discover_model(base_url: str, *, api_key: str | None = None, timeout_s
 # ----------------------------------------------------------------------------------------------- sending
 @dataclass
 class _Sender:
-    client: httpx.AsyncClient
+    client: Any  # a transport (make_transport)
     model: str
     endpoint: str
     max_tokens: int
@@ -285,19 +383,19 @@ class _Sender:
         return rec
 
     async def _plain(self, plan: RequestPlan, rec: RequestRecord, start: float) -> None:
-        resp = await self.client.post(ENDPOINTS[self.endpoint], json=self.payload(plan))
-        if resp.status_code != 200:
-            raise ServerError(f"HTTP {resp.status_code}: {resp.text[:300]}")
-        body = resp.json()
+        async with self.client.post(ENDPOINTS[self.endpoint], self.payload(plan)) as resp:
+            text = await resp.read_text()
+        if resp.status != 200:
+            raise ServerError(f"HTTP {resp.status}: {text[:300]}")
+        body = json.loads(text)
         rec.e2e_s = time.perf_counter() - start
         rec.output_tokens = int((body.get("usage") or {}).get("completion_tokens") or 0)
         rec.status = COMPLETED
 
     async def _stream(self, plan: RequestPlan, rec: RequestRecord, start: float) -> None:
-        async with self.client.stream("POST", ENDPOINTS[self.endpoint], json=self.payload(plan)) as resp:
-            if resp.status_code != 200:
-                await resp.aread()
-                raise ServerError(f"HTTP {resp.status_code}: {resp.text[:300]}")
+        async with self.client.post(ENDPOINTS[self.endpoint], self.payload(plan)) as resp:
+            if resp.status != 200:
+                raise ServerError(f"HTTP {resp.status}: {(await resp.read_text())[:300]}")
             done, usage_tokens = await self._read_events(resp, plan, rec, start)
         if rec.status == CANCELLED:  # closed by us: the body was not read to its end
             rec.output_tokens = rec.chunks
@@ -307,7 +405,7 @@ class _Sender:
         rec.output_tokens = rec.chunks if usage_tokens is None else usage_tokens
         rec.status = COMPLETED
 
-    async def _read_events(self, resp: httpx.Response, plan: RequestPlan, rec: RequestRecord,
+    async def _read_events(self, resp: _Reply, plan: RequestPlan, rec: RequestRecord,
                            start: float) -> tuple[bool, int | None]:
         """Read the stream up to [DONE] (sets e2e_s) or the planned cancel; returns ([DONE] seen, usage tokens)."""
         usage_tokens, last = None, start
@@ -374,7 +472,8 @@ async def run_load(base_url: str, model: str, prompts: list[str] | list[list[int
                    max_tokens: int, concurrency: int | None = None, request_rate: float | None = None,
                    endpoint: str = "completions", stream_fraction: float = 1.0, cancel_fraction: float = 0.0,
                    cancel_after: int = 1, include_usage: bool = True, extra_body: dict[str, Any] | None = None,
-                   api_key: str | None = None, timeout_s: float = 60.0, seed: int = 0) -> LoadResult:
+                   api_key: str | None = None, timeout_s: float = 60.0, seed: int = 0,
+                   client: str = "auto") -> LoadResult:
     """Send `num_requests` requests to `base_url` and measure them (see the module docstring).
 
     concurrency: at most this many requests in flight (None: no cap); request_rate: Poisson arrivals at this
@@ -382,6 +481,7 @@ async def run_load(base_url: str, model: str, prompts: list[str] | list[list[int
     "completions" or "chat". cancel_after: a cancelled request closes its stream after this many content
     chunks (it completes normally if the server finishes first). extra_body: merged into every request body
     (e.g. {"temperature": 0, "ignore_eos": True}). timeout_s bounds each request from send to its last byte.
+    client: "auto" (aiohttp when installed), "aiohttp" or "httpx".
     """
     if endpoint not in ENDPOINTS:
         raise ValueError(f"endpoint must be one of {sorted(ENDPOINTS)}, got {endpoint!r}")
@@ -392,9 +492,11 @@ async def run_load(base_url: str, model: str, prompts: list[str] | list[list[int
     config = {"base_url": base_url, "model": model, "endpoint": endpoint, "num_requests": num_requests,
               "max_tokens": max_tokens, "concurrency": concurrency, "request_rate": request_rate,
               "stream_fraction": stream_fraction, "cancel_fraction": cancel_fraction, "cancel_after": cancel_after,
-              "include_usage": include_usage, "extra_body": extra_body or {}, "timeout_s": timeout_s, "seed": seed}
-    async with make_client(base_url, api_key=api_key, timeout_s=timeout_s, max_connections=concurrency) as client:
-        sender = _Sender(client, model, endpoint, max_tokens, include_usage, dict(extra_body or {}), timeout_s)
+              "include_usage": include_usage, "extra_body": extra_body or {}, "timeout_s": timeout_s, "seed": seed,
+              "client": resolve_client(client)}
+    async with make_transport(client, base_url, api_key=api_key, timeout_s=timeout_s,
+                              max_connections=concurrency) as transport:
+        sender = _Sender(transport, model, endpoint, max_tokens, include_usage, dict(extra_body or {}), timeout_s)
         sender.t0 = time.perf_counter()
         records = await _dispatch(sender, plans, concurrency)
         duration = time.perf_counter() - sender.t0
@@ -476,6 +578,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--api-key", default=None)
     p.add_argument("--timeout", type=float, default=60.0, help="per-request limit, seconds")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--client", choices=("auto", "aiohttp", "httpx"), default="auto",
+                   help="HTTP client library (auto: aiohttp when installed, as vLLM's benchmark)")
     p.add_argument("--metrics", action="store_true", help=f"scrape /metrics after the run and print {SERVER_GAUGES}")
     p.add_argument("--json", default=None, help="write the result here as JSON")
     p.add_argument("--records", action="store_true", help="include per-request records in the JSON")
@@ -510,7 +614,7 @@ async def _amain(args: argparse.Namespace, prompts: list[str] | list[list[int]])
         concurrency=args.concurrency, request_rate=args.request_rate, endpoint=args.endpoint,
         stream_fraction=args.stream_fraction, cancel_fraction=args.cancel_fraction, cancel_after=args.cancel_after,
         include_usage=not args.no_usage, extra_body=args.extra_body, api_key=args.api_key,
-        timeout_s=args.timeout, seed=args.seed)
+        timeout_s=args.timeout, seed=args.seed, client=args.client)
     metrics = None
     if args.metrics:
         metrics = await scrape_metrics(args.base_url, api_key=args.api_key, timeout_s=min(args.timeout, 30.0))

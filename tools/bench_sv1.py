@@ -22,7 +22,7 @@ import time
 from typing import Any
 
 import httpx
-from bench_serve import random_token_prompts, run_load, scrape_metrics
+from bench_serve import random_token_prompts, resolve_client, run_load, scrape_metrics
 
 HOST = "127.0.0.1"
 LOOP = ("graphrunner:engine_loop_steps_total", "graphrunner:engine_loop_step_seconds_total",
@@ -75,24 +75,28 @@ async def measure(base: str, model_name: str, args: argparse.Namespace) -> dict[
     out: dict[str, Any] = {}
     l1_body = {"ignore_eos": True, "temperature": 0.0}
     l1 = random_token_prompts(args.l1_requests + 2, 128, 128, seed=1)
-    await run_load(base, model_name, l1[:2], num_requests=2, max_tokens=args.l1_tokens, concurrency=1,
-                   extra_body=l1_body)  # warm-up
-    before = await scrape_metrics(base)
-    r = await run_load(base, model_name, l1[2:], num_requests=args.l1_requests, max_tokens=args.l1_tokens,
-                       concurrency=1, extra_body=l1_body)
-    after = await scrape_metrics(base)
-    out["c1"] = r.to_dict()
-    out["c1_engine_ttft_ms"] = engine_ttft_ms(before, after)
-    print("concurrency 1 (L1 shape):\n" + r.table(), flush=True)
-    print(f"engine-side TTFT (arrival in the engine to its first token on the host), mean: "
-          f"{out['c1_engine_ttft_ms']:.2f} ms; the rest of the client's TTFT is HTTP, the front and the pipe",
-          flush=True)
+    clients = list(dict.fromkeys(resolve_client(c) for c in args.clients.split(",")))
+    for client in clients:  # TTFT includes the client's own time: one c=1 run per client library
+        await run_load(base, model_name, l1[:2], num_requests=2, max_tokens=args.l1_tokens, concurrency=1,
+                       extra_body=l1_body, client=client)  # warm-up
+        before = await scrape_metrics(base)
+        r = await run_load(base, model_name, l1[2:], num_requests=args.l1_requests, max_tokens=args.l1_tokens,
+                           concurrency=1, extra_body=l1_body, client=client)
+        after = await scrape_metrics(base)
+        key = "c1" if client == clients[0] else f"c1_{client}"
+        out[key] = r.to_dict()
+        out[f"{key}_engine_ttft_ms"] = engine_ttft_ms(before, after)
+        print(f"concurrency 1 (L1 shape), {client} client:\n" + r.table(), flush=True)
+        print(f"engine-side TTFT (arrival in the engine to its first token on the host), mean: "
+              f"{out[f'{key}_engine_ttft_ms']:.2f} ms; the rest of the client's TTFT is HTTP, the front and the pipe",
+              flush=True)
     t1_body = {"ignore_eos": True, "temperature": 0.6}
     t1 = random_token_prompts(args.t1_requests, 100, 1024, seed=0)
-    await run_load(base, model_name, t1[:8], num_requests=8, max_tokens=16, concurrency=8, extra_body=t1_body)
+    await run_load(base, model_name, t1[:8], num_requests=8, max_tokens=16, concurrency=8, extra_body=t1_body,
+                   client=clients[0])
     before = await scrape_metrics(base)
     r = await run_load(base, model_name, t1, num_requests=args.t1_requests, max_tokens=args.t1_tokens,
-                       concurrency=args.t1_requests, extra_body=t1_body, timeout_s=600.0)
+                       concurrency=args.t1_requests, extra_body=t1_body, timeout_s=600.0, client=clients[0])
     after = await scrape_metrics(base)
     out["c256"] = r.to_dict()
     out["c256_loop"] = loop_delta(before, after)
@@ -117,7 +121,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", required=True)
     p.add_argument("--port", type=int, default=8321)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.85)
-    p.add_argument("--l1-requests", type=int, default=5)
+    p.add_argument("--l1-requests", type=int, default=10)
+    p.add_argument("--clients", default="auto,httpx",
+                   help="c=1 is measured once per client library listed (auto: aiohttp when installed); c=256 "
+                        "uses the first")
     p.add_argument("--l1-tokens", type=int, default=256)
     p.add_argument("--t1-requests", type=int, default=256)
     p.add_argument("--t1-tokens", type=int, default=512)
