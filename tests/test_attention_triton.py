@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
+from graphrunner.attention import triton_attention
 from graphrunner.attention.metadata import AttentionMetadata
 from graphrunner.attention.reference import paged_attention_ref, write_kv_ref
 from graphrunner.attention.testing import contiguous_batch
@@ -220,6 +221,16 @@ def test_uniform_batches(kind: str) -> None:
     batch = scattered_batch(q_lens, c_lens, 4, 1, 64, 16, torch.float32, DEVICE, seed=3)
     for splits in (1, 3):
         run_and_check(batch, num_splits=splits, what=kind)
+
+
+def test_split_prefill_tile_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Split launches with prefill chunks may use taller query tiles (SPLIT_PREFILL_ROWS; 64, the default, is
+    covered above): the same outputs for a chunk of one tile plus one query over a cached prefix, beside a decode
+    and a short chunk."""
+    monkeypatch.setattr(triton_attention, "SPLIT_PREFILL_ROWS", 128)
+    q_lens, c_lens = [1, 65, 3], [100, 65 + 40, 90]
+    batch = scattered_batch(q_lens, c_lens, 4, 2, 64, 16, torch.float32, DEVICE, seed=128)
+    run_and_check(batch, num_splits=3, what="split prefill rows=128")
 
 
 def test_contiguous_batch_layout() -> None:

@@ -9,6 +9,7 @@
 #   bash tools/gpu_checks.sh spec-bench # ... then, on the same warm machine, TPOT per proposer on held-out text
 #   bash tools/gpu_checks.sh bench2     # T1 with and without penalties, P1 (with profile), L1 step breakdown
 #   bash tools/gpu_checks.sh p1         # P1 alone (hit vs miss TTFT, with profile)
+#   bash tools/gpu_checks.sh p1-rows    # P1 with 128-row split prefill tiles vs 64 (+ the attention tests on CUDA)
 #   bash tools/gpu_checks.sh startup    # S1: cold, precompile, warm, eager
 #   bash tools/gpu_checks.sh serve      # offline L1 and T1, then SV1 with the engine loop in a process (needs .whl/)
 #   bash tools/gpu_checks.sh serve-thread  # SV1 with the loop in a thread of the server (the old layout)
@@ -19,7 +20,7 @@
 # limit so the last phase still ends (and is tarred) inside the device call:
 #   DEADLINE=560 bash tools/gpu_checks.sh tests-a tests-b
 set -u
-[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | p1 | bench2 | startup | serve | serve-thread | tp | tp-killed | tp-bench" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | p1 | p1-rows | bench2 | startup | serve | serve-thread | tp | tp-killed | tp-bench" >&2; exit 2; }
 OUT=${OUT:-/tmp/out}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 END=$(( $(date +%s) + ${DEADLINE:-100000} ))
@@ -101,6 +102,18 @@ p1)
   model
   T 150 python3 tools/bench_prefix_cache.py --model /tmp/q06 --repeats 5 --profile \
     --json "$R/p1.json" > "$R/p1.log" 2>&1
+  ;;
+p1-rows)
+  model
+  # split prefill tiles of 128 rows (GRAPHRUNNER_ATTN_SPLIT_ROWS) against the default 64: the kernel tests on CUDA
+  # with 128, then P1 under each
+  GRAPHRUNNER_ATTN_SPLIT_ROWS=128 T 90 python3 -m pytest -q -x -p no:cacheprovider -m gpu \
+    tests/test_attention_triton.py -k gpu_matrix > "$R/pytest_attn_rows128.log" 2>&1
+  echo "pytest rc=$?" >> "$R/pytest_attn_rows128.log"
+  for rows in 128 64; do
+    GRAPHRUNNER_ATTN_SPLIT_ROWS=$rows T 70 python3 tools/bench_prefix_cache.py --model /tmp/q06 --repeats 5 \
+      --json "$R/p1_rows$rows.json" > "$R/p1_rows$rows.log" 2>&1
+  done
   ;;
 bench2)
   model

@@ -10,6 +10,8 @@ slot -1. The PyTorch reference for both is graphrunner.attention.reference.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -20,7 +22,11 @@ from graphrunner.kernel_checks import check_tensor, step_sizes
 TILE_N = 64            # keys per inner iteration (several paged blocks, gathered per position)
 DECODE_ROWS = 16       # tile rows for decode-only batches (tl.dot needs >= 16)
 PREFILL_ROWS = 64      # tile rows for batches with prefill chunks
-MAX_SPLITS = 16
+# Tile rows for prefill chunks when the KV range is split (a short chunk over a long cached prefix, e.g. a prefix-
+# cache hit): every query tile reads the whole range, so fewer, taller tiles read less KV. GRAPHRUNNER_ATTN_* set
+# these for measurements (docs/BENCHMARKS.md).
+SPLIT_PREFILL_ROWS = int(os.environ.get("GRAPHRUNNER_ATTN_SPLIT_ROWS", "64"))
+MAX_SPLITS = int(os.environ.get("GRAPHRUNNER_ATTN_MAX_SPLITS", "16"))
 _TARGET_PROGRAMS = 264  # ~2 waves on a 132-SM H200
 
 
@@ -146,7 +152,8 @@ def _merge_splits_kernel(part_acc_ptr, part_ml_ptr, out_ptr, stride_ot, stride_o
 
 
 def query_tiles(max_query_len: int, group: int) -> int:
-    """Query tiles per request in the kernel's grid (see _launch): 1 for decodes."""
+    """Query tiles per request in the kernel's grid without KV splits (see _launch): 1 for decodes. A split
+    launch may use taller tiles (SPLIT_PREFILL_ROWS); the split choice counts these."""
     rows = DECODE_ROWS if max_query_len <= 1 else PREFILL_ROWS
     return triton.cdiv(max(max_query_len, 1), max(rows, triton.next_power_of_2(group)) // group)
 
@@ -212,7 +219,7 @@ def _launch(query: torch.Tensor, layer_cache: torch.Tensor, query_start_loc: tor
     if t == 0 or num_reqs == 0:
         return
     group = hq // hkv
-    rows = DECODE_ROWS if max_query_len <= 1 else PREFILL_ROWS
+    rows = DECODE_ROWS if max_query_len <= 1 else SPLIT_PREFILL_ROWS if num_splits > 1 else PREFILL_ROWS
     block_m = max(rows, triton.next_power_of_2(group))
     block_q = block_m // group  # query_tiles() follows this choice
     d_pad = max(16, triton.next_power_of_2(dim))
@@ -223,6 +230,7 @@ def _launch(query: torch.Tensor, layer_cache: torch.Tensor, query_start_loc: tor
     else:
         part_acc = part_ml = out  # unused
     grid = (num_reqs, triton.cdiv(max(max_query_len, 1), block_q), hkv * num_splits)
+    warps = 8 if block_m * d_pad >= 128 * 128 else 4  # (a 128 x 128 fp32 accumulator: spread it over 8 warps)
     _unified_attention_kernel[grid](
         query, k_cache, v_cache, out, part_acc, part_ml, query_start_loc, seq_lens, block_table,
         query.stride(0), query.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -230,7 +238,7 @@ def _launch(query: torch.Tensor, layer_cache: torch.Tensor, query_start_loc: tor
         block_table.stride(0), t, hq, scale, softcap if softcap > 0 else 1.0, max(sliding_window, 0),
         GROUP=group, HEAD_DIM=dim, D_PAD=d_pad, BLOCK_SIZE=block_size, BLOCK_Q=block_q, BLOCK_M=block_m,
         TILE=max(TILE_N, block_size), NUM_SPLITS=num_splits, USE_WINDOW=sliding_window >= 0,
-        USE_SOFTCAP=softcap > 0, FP32_DOT=query.dtype == torch.float32,
+        USE_SOFTCAP=softcap > 0, FP32_DOT=query.dtype == torch.float32, num_warps=warps,
     )
     if num_splits > 1:
         _merge_splits_kernel[(t, hq)](part_acc, part_ml, out, out.stride(0), out.stride(1), t, hq,
