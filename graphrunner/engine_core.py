@@ -14,7 +14,7 @@ from typing import Any
 from graphrunner.engine import Engine, StepFailed
 from graphrunner.outputs import RequestOutput, TokenDeltas
 from graphrunner.sampling_params import RequestOutputKind, SamplingParams
-from graphrunner.tp_executor import WorkerDied
+from graphrunner.tp_workers import WorkerDied
 
 logger = logging.getLogger(__name__)
 

@@ -2,8 +2,8 @@
 spawned worker processes that replay every step rank 0 ships them (graphrunner.tp_plan) on their own device.
 
 Rank 0 sends a step's plan down a pipe and launches the step itself; nothing waits for the workers but the
-collectives inside the step. A worker that dies ends the engine with an error naming it: a watcher thread sees
-the process exit (and aborts the communicators on GPU, so nothing stays blocked in a collective), every later
+collectives inside the step. A worker that dies ends the engine with an error naming it (graphrunner.tp_workers):
+a watcher thread sees the process exit (and aborts the communicators on GPU, so nothing stays blocked in a collective), every later
 step raises at once, and collectives time out after GRAPHRUNNER_TP_TIMEOUT_S seconds whatever happens (eager ones
 through the process group's timeout, those inside CUDA graphs through the deadline on each step's output).
 Shutting down drops every CUDA graph before leaving the group: NCCL cannot free a communicator that a live graph
@@ -27,32 +27,29 @@ import time
 import traceback
 import weakref
 from collections import deque
-from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from graphrunner.async_output import AsyncStepOutput, StepOutput
+from graphrunner.async_output import AsyncStepOutput
 from graphrunner.config import EngineConfig
 from graphrunner.log_setup import configure_from_env
 from graphrunner.parallel_state import (
-    TEARDOWN_TIMEOUT_S,
     abort_tensor_parallel,
     destroy_tensor_parallel,
     init_tensor_parallel,
 )
-from graphrunner.proc_exit import exit_code_if_exiting
 from graphrunner.runner import ModelRunner
 from graphrunner.scheduler import SchedulerOutput
-from graphrunner.tp_plan import STOP, RowMirror, encode_plan
+from graphrunner.tp_plan import RowMirror, encode_plan
+from graphrunner.tp_workers import WatchedOutput, WorkerDied, Workers
 from graphrunner.worker import build_runner
 from model_states import ModelState
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_S = 600.0  # a collective (or the start-up rendezvous, or a step's output) waiting longer than this fails
-DEATH_POLL_S = 0.05  # while a step's output is pending, how often the workers' /proc state is read
 STACKS_ENV = "GRAPHRUNNER_TP_STACKS_AFTER_S"  # a worker that receives no plan for this long prints its threads' stacks
 
 
@@ -65,10 +62,6 @@ def collective_timeout_s() -> float:
     if value <= 0:
         raise ValueError(f"GRAPHRUNNER_TP_TIMEOUT_S must be > 0, got {raw!r}")
     return value
-
-
-class WorkerDied(RuntimeError):
-    """A tensor-parallel worker process exited (or a step failed and left the ranks out of step)."""
 
 
 def rank_config(config: EngineConfig, rank: int) -> EngineConfig:
@@ -159,149 +152,6 @@ def _rearm_stack_dump(stall_s: float | None) -> None:
 
 # ---- rank 0 ------------------------------------------------------------------------------------
 
-class _Workers:
-    """The spawned processes, their pipes, and what is known about their deaths (no reference to the executor,
-    so that dropping the engine shuts them down)."""
-
-    def __init__(self, procs: list[Any], conns: list[mpc.Connection], on_cuda: bool) -> None:
-        self.procs = procs
-        self.conns = conns
-        self.on_cuda = on_cuda
-        self.closing = False
-        self.dead: str | None = None
-        # rank 0's runner.release_graphs, once built: called before the group is left (see close)
-        self.release_graphs: Callable[[], None] | None = None
-        self._lock = threading.Lock()
-        self._watcher = threading.Thread(target=self._watch, name="graphrunner-tp-watch", daemon=True)
-        self._watcher.start()
-
-    def _watch(self) -> None:
-        mpc.wait([p.sentinel for p in self.procs])
-        if self.closing:
-            return
-        self.note_death()
-        # While rank 0 builds its runner it may block in a device sync on a collective the dead rank never joins:
-        # abort (its graphs, if any, are dropped as the build fails, which lets the abort finish). Once built, rank 0
-        # never blocks on the device (outputs are polled), and close() drops the graphs before it aborts.
-        if self.on_cuda and self.release_graphs is None:
-            abort_tensor_parallel()
-
-    def note_death(self) -> str | None:
-        """The reason, once a worker has exited unexpectedly (None while all live)."""
-        with self._lock:
-            if self.dead is None and not self.closing:
-                for rank, (proc, conn) in enumerate(zip(self.procs, self.conns, strict=True), start=1):
-                    # a killed GPU worker may not be reapable (nor its sentinel ready) while rank 0's collectives
-                    # still hold its memory: /proc shows the exit at once
-                    code = exit_code_if_exiting(proc.pid) if proc.is_alive() else proc.exitcode
-                    if code is None:
-                        continue
-                    detail = ""
-                    try:
-                        while conn.poll():
-                            kind, payload = conn.recv()
-                            if kind == "error":
-                                detail = f"; its error:\n{payload}"
-                    except (EOFError, OSError, ValueError):
-                        pass
-                    self.dead = f"tensor-parallel worker rank {rank} (pid {proc.pid}) exited with code {code}{detail}"
-                    break
-            return self.dead
-
-    def death_after_error(self, grace_s: float = 2.0) -> str | None:
-        """After a collective failed: the dead worker's reason, waiting briefly, since a killed peer's sockets
-        close a moment before its exit can be collected."""
-        deadline = time.monotonic() + grace_s
-        while self.note_death() is None and time.monotonic() < deadline:
-            time.sleep(0.02)
-        return self.dead
-
-    def stalled(self, reason: str) -> None:
-        """A step's output did not arrive in time: mark the ranks out of step and have each live worker print its
-        stacks (faulthandler on SIGUSR1) so that the log shows where it waits."""
-        with self._lock:
-            if self.dead is None:
-                self.dead = reason
-        self.dump_worker_stacks()
-
-    def dump_worker_stacks(self) -> None:
-        for proc in self.procs:
-            if proc.is_alive() and proc.pid is not None:
-                try:
-                    os.kill(proc.pid, signal.SIGUSR1)
-                except OSError:
-                    pass
-        time.sleep(0.5)  # (the dump is written by the worker; give it a moment before anything kills it)
-
-    def close(self) -> None:
-        """Drop rank 0's graphs, tell the workers to stop, leave the group with them (a graceful destroy is
-        collective in recent NCCL: every rank at about the same time, so not after waiting for their exit), then
-        collect them. A dead or stalled peer: abort instead (needs no peer)."""
-        self.closing = True
-        release, self.release_graphs = self.release_graphs, None
-        # (gloo's destroy is local, and gloo has no abort)
-        healthy = not self.on_cuda or (self.dead is None and all(p.is_alive() for p in self.procs))
-        aborting = None
-        if not healthy:  # abort beside the release: graph kernels stuck on the dead peer exit once it is flagged,
-            # and the abort ends once the graphs are gone
-            aborting = threading.Thread(target=abort_tensor_parallel, name="graphrunner-tp-abort", daemon=True)
-            aborting.start()
-        if release is not None:
-            release()  # before leaving: a live graph holding collectives keeps NCCL from freeing the communicator
-        for conn in self.conns:
-            try:
-                conn.send_bytes(STOP)
-            except (OSError, ValueError):
-                pass
-        if aborting is None:
-            left = destroy_tensor_parallel()
-        else:
-            aborting.join(TEARDOWN_TIMEOUT_S)
-            left = not aborting.is_alive()
-        logger.info("rank 0: %s the process group", ("left" if healthy else "aborted") if left else "could not leave")
-        deadline = time.monotonic() + 10.0
-        for proc in self.procs:
-            proc.join(max(0.0, deadline - time.monotonic()))
-            if proc.is_alive():
-                print(f"graphrunner: tensor-parallel worker {proc.name} (pid {proc.pid}) did not exit after STOP; "
-                      f"killing it", file=sys.stderr)
-                proc.kill()
-                proc.join(5.0)
-        for conn in self.conns:
-            conn.close()
-
-
-class _WatchedOutput:
-    """A step's output whose wait also watches the workers: on GPU a dead peer would leave the step's
-    collectives (and so its event) pending."""
-
-    def __init__(self, inner: AsyncStepOutput, workers: _Workers, timeout_s: float) -> None:
-        self._inner = inner
-        self._workers = workers
-        self._timeout_s = timeout_s
-
-    def result(self) -> StepOutput:
-        # collectives replayed inside CUDA graphs are not watched by NCCL's watchdog: without this deadline a rank
-        # waiting on a live but stuck (or out-of-step) peer would wait for good
-        start = time.monotonic()
-        deadline, next_look = start + self._timeout_s, start + DEATH_POLL_S
-        while not self._inner.ready():
-            if self._workers.dead is not None:  # set by the watcher thread the moment a worker is reaped
-                raise WorkerDied(self._workers.dead)
-            now = time.monotonic()
-            if now > next_look:  # (a step that takes this long is rare: look at the workers' /proc state)
-                next_look = now + DEATH_POLL_S
-                if self._workers.note_death() is not None:
-                    raise WorkerDied(self._workers.dead)
-            if now > deadline:
-                self._workers.stalled(f"a tensor-parallel step's output did not arrive within {self._timeout_s:.0f} s "
-                                      f"(GRAPHRUNNER_TP_TIMEOUT_S): a rank is stuck or the ranks are out of step "
-                                      f"(the workers' stacks are on stderr); create a new engine")
-                raise WorkerDied(self._workers.dead)
-            time.sleep(0)  # let other threads (the async front end) run while the device works
-        return self._inner.result()
-
-
 class TensorParallelExecutor:
     """Rank 0's runner and the worker processes of ranks 1..N-1; stands where the engine keeps its runner
     (`execute`, and every other runner attribute delegated to rank 0's)."""
@@ -323,7 +173,7 @@ class TensorParallelExecutor:
             theirs.close()
             procs.append(proc)
             conns.append(ours)
-        self._workers = _Workers(procs, conns, config.device.type == "cuda")
+        self._workers = Workers(procs, conns, config.device.type == "cuda")
         self._finalizer = weakref.finalize(self, self._workers.close)
         self._failed: str | None = None
         self._timeout_s = timeout_s
@@ -364,7 +214,7 @@ class TensorParallelExecutor:
                                  f"(GRAPHRUNNER_TP_TIMEOUT_S; the workers' stacks are on stderr)")
             time.sleep(0.01)
 
-    def execute(self, sched: SchedulerOutput) -> AsyncStepOutput | _WatchedOutput:
+    def execute(self, sched: SchedulerOutput) -> AsyncStepOutput | WatchedOutput:
         """Ship the plan to every worker, then launch the step here; the output is read as the runner's is."""
         if self._failed is not None:
             raise WorkerDied(self._failed)
@@ -389,7 +239,7 @@ class TensorParallelExecutor:
             if isinstance(exc, Exception):
                 raise WorkerDied(self._failed) from exc
             raise
-        return _WatchedOutput(out, self._workers, self._timeout_s)
+        return WatchedOutput(out, self._workers, self._timeout_s)
 
     @property
     def worker_pids(self) -> list[int]:

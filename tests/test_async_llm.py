@@ -15,7 +15,7 @@ from graphrunner.async_llm import AsyncLLM, EngineDead, QueueFull
 from graphrunner.engine import StepFailed
 from graphrunner.outputs import CompletionOutput, RequestOutput
 from graphrunner.sampling_params import SamplingParams
-from graphrunner.tp_executor import WorkerDied
+from graphrunner.tp_workers import WorkerDied
 
 
 class FakeEngine:

@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from capture.cuda_piece import GraphPiece, _Captured
 from capture.manager import CaptureManager
-from graphrunner import parallel_state, tp_executor
+from graphrunner import parallel_state, tp_workers
 from graphrunner.config import ModelConfig
 from graphrunner.input_prep import StepBuffers
 from graphrunner.runner import ModelRunner
@@ -78,21 +78,21 @@ def _stub_worker(conn: mpc.Connection) -> None:
         pass
 
 
-def _workers(on_cuda: bool = False) -> tp_executor._Workers:
+def _workers(on_cuda: bool = False) -> tp_workers.Workers:
     ctx = mp.get_context("spawn")
     ours, theirs = ctx.Pipe(duplex=True)
     proc = ctx.Process(target=_stub_worker, args=(theirs,), daemon=True)
     proc.start()
     theirs.close()
     assert ours.poll(120) and ours.recv_bytes() == b"up"
-    return tp_executor._Workers([proc], [ours], on_cuda=on_cuda)
+    return tp_workers.Workers([proc], [ours], on_cuda=on_cuda)
 
 
 @pytest.mark.parametrize("stalled", [False, True])
 def test_close_drops_the_graphs_before_leaving_the_group(stalled: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     order: list[str] = []
-    monkeypatch.setattr(tp_executor, "destroy_tensor_parallel", lambda: order.append("destroy") or True)
-    monkeypatch.setattr(tp_executor, "abort_tensor_parallel", lambda: order.append("abort") or True)
+    monkeypatch.setattr(tp_workers, "destroy_tensor_parallel", lambda: order.append("destroy") or True)
+    monkeypatch.setattr(tp_workers, "abort_tensor_parallel", lambda: order.append("abort") or True)
     workers = _workers(on_cuda=stalled)
     workers.release_graphs = lambda: order.append("release graphs")
     if stalled:  # a peer out of step: abort (needs no peer), beside dropping the graphs, never a collective destroy
@@ -119,8 +119,8 @@ def test_a_step_output_that_never_arrives_raises_with_the_workers_stacks(capfd: 
     workers = _workers()
     try:
         start = time.monotonic()
-        with pytest.raises(tp_executor.WorkerDied, match="did not arrive within 1 s"):
-            tp_executor._WatchedOutput(_NeverReady(), workers, timeout_s=1.0).result()  # type: ignore[arg-type]
+        with pytest.raises(tp_workers.WorkerDied, match="did not arrive within 1 s"):
+            tp_workers.WatchedOutput(_NeverReady(), workers, timeout_s=1.0).result()  # type: ignore[arg-type]
         assert time.monotonic() - start < 5
         assert workers.dead is not None and "out of step" in workers.dead  # later steps refuse at once
         assert "most recent call first" in capfd.readouterr().err  # the worker's stacks
