@@ -17,6 +17,8 @@ import torch
 import torch.distributed as dist
 
 from graphrunner.config import ModelConfig
+from graphrunner.symm_all_reduce import SymmBuffer, chosen_backend
+from graphrunner.symm_all_reduce import setup as setup_symm_all_reduce
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,7 @@ class TPState:
 _STATE = TPState()
 _DEVICE_GROUP: dist.ProcessGroup | None = None  # NCCL on GPU, gloo on CPU: the model's collectives
 _CPU_GROUP: dist.ProcessGroup | None = None     # gloo: host-side agreement (KV block count)
+_SYMM: SymmBuffer | None = None                 # small all-reduces over symmetric memory (opt-in)
 
 
 def tp_rank() -> int:
@@ -45,17 +48,19 @@ def tp_size() -> int:
 def init_tensor_parallel(rank: int, world_size: int, store: dist.Store, device: torch.device,
                          timeout_s: float) -> None:
     """Join the process group (rendezvous through `store`) and make this process rank `rank` of `world_size`."""
-    global _STATE, _DEVICE_GROUP, _CPU_GROUP
+    global _STATE, _DEVICE_GROUP, _CPU_GROUP, _SYMM
     if _STATE.world_size != 1 or dist.is_initialized():
         raise RuntimeError("tensor parallelism is already initialised in this process (one engine per process; or an "
                            "earlier engine's group could not be left: see stderr)")
     state = TPState(rank, world_size)
+    chosen_backend()  # (a bad GRAPHRUNNER_TP_ALLREDUCE fails before any rank joins)
     backend = "nccl" if device.type == "cuda" else "gloo"
     timeout = datetime.timedelta(seconds=timeout_s)
     kwargs = {"device_id": device} if device.type == "cuda" else {}
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout, **kwargs)
     _DEVICE_GROUP = dist.group.WORLD
     _CPU_GROUP = dist.new_group(backend="gloo", timeout=timeout) if backend != "gloo" else dist.group.WORLD
+    _SYMM = setup_symm_all_reduce(_DEVICE_GROUP, device)
     _STATE = state
 
 
@@ -79,13 +84,13 @@ def abort_tensor_parallel(timeout_s: float = TEARDOWN_TIMEOUT_S) -> bool:
 
 
 def _leave(graceful: bool, timeout_s: float) -> bool:
-    global _STATE, _DEVICE_GROUP, _CPU_GROUP
+    global _STATE, _DEVICE_GROUP, _CPU_GROUP, _SYMM
     what = "leaving" if graceful else "aborting"
     if not _TEARDOWN_LOCK.acquire(timeout=timeout_s):
         print(f"graphrunner: {what} the tensor-parallel group: an earlier teardown still runs after "
               f"{timeout_s:.0f} s", file=sys.stderr)
         return False
-    _STATE, _DEVICE_GROUP, _CPU_GROUP = TPState(), None, None
+    _STATE, _DEVICE_GROUP, _CPU_GROUP, _SYMM = TPState(), None, None, None
     if not (dist.is_available() and dist.is_initialized()):
         _TEARDOWN_LOCK.release()
         return True
@@ -178,6 +183,8 @@ def rank_kv_config(model: ModelConfig) -> ModelConfig:
 
 @torch.library.custom_op("graphrunner::tp_all_reduce", mutates_args=())
 def _tp_all_reduce(x: torch.Tensor) -> torch.Tensor:
+    if _SYMM is not None and _SYMM.fits(x):
+        return _SYMM.all_reduce(x)
     out = x.clone()
     dist.all_reduce(out, group=_DEVICE_GROUP)
     return out

@@ -20,7 +20,7 @@ import torch
 from sync_check import SyncFreeLaunches
 from tiny_models import make_tiny_model
 
-from graphrunner import LLM, SamplingParams
+from graphrunner import LLM, SamplingParams, parallel_state
 from graphrunner.engine import StepFailed
 from graphrunner.step_plan import StepMode
 
@@ -86,6 +86,21 @@ def test_two_gpus_give_one_gpus_tokens(arch: str, mode: str, tmp_path_factory: p
         graphs = llm.engine.runner.graphs
         if mode == "graphs":  # the default: decodes replayed FULL graphs (all-reduces and the logits gather inside)
             assert graphs.mode_counts[StepMode.FULL] > 0 and graphs.mode_counts[StepMode.PIECEWISE] > 0
+    finally:
+        llm.engine.shutdown()
+
+
+@pytest.mark.parametrize("mode", ["graphs", "chunked"])
+def test_symmetric_memory_all_reduce_gives_one_gpus_tokens(mode: str, tmp_path_factory: pytest.TempPathFactory,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """GRAPHRUNNER_TP_ALLREDUCE=symm_mem: small all-reduces take the one-shot symmetric-memory kernel (inside the
+    graphs too), large ones NCCL; with two ranks the sums are the same additions, so the tokens equal TP=1's."""
+    monkeypatch.setenv("GRAPHRUNNER_TP_ALLREDUCE", "symm_mem")  # (the spawned worker inherits it)
+    model_dir, expected = _model_and_expected("qwen3", tmp_path_factory)
+    llm = LLM(model=model_dir, tensor_parallel_size=2, **ENGINE, **MODES[mode])
+    try:
+        assert parallel_state._SYMM is not None  # rank 0 (this process) set the buffer up
+        assert _tokens(llm) == expected, mode
     finally:
         llm.engine.shutdown()
 

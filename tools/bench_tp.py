@@ -267,7 +267,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         runs.append(json.loads(child_json.read_text()))
     good = [r for r in runs if "error" not in r]
     report: dict[str, Any] = {"env": env_info(), "model": vars(args) | {"child": None}, "runs": [],
-                              "tp_sample": os.environ.get("GRAPHRUNNER_TP_SAMPLE", "shard")}
+                              "tp_sample": os.environ.get("GRAPHRUNNER_TP_SAMPLE", "shard"),
+                              "tp_all_reduce": os.environ.get("GRAPHRUNNER_TP_ALLREDUCE", "nccl")}
     for r in runs:
         floor = decode_bytes_per_rank(args, r["tp"]) / (args.hbm_tb_s * 1e12) * 1e3
         report["runs"].append({k: v for k, v in r.items() if k not in ("greedy", "top5")}

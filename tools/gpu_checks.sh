@@ -14,13 +14,14 @@
 #   bash tools/gpu_checks.sh serve      # offline L1 and T1, then SV1 with the engine loop in a process (needs .whl/)
 #   bash tools/gpu_checks.sh serve-thread  # SV1 with the loop in a thread of the server (the old layout)
 #   bash tools/gpu_checks.sh tp         # on nvidia-h200-x2: TP tests (each test logged as it runs)
+#   bash tools/gpu_checks.sh tp-symm    # on nvidia-h200-x2: symmetric-memory all-reduce tokens test, TP=2 TPOT vs NCCL
 #   bash tools/gpu_checks.sh tp-killed  # on nvidia-h200-x2: the killed-worker test alone
 #   bash tools/gpu_checks.sh tp-bench   # on nvidia-h200-x2: bench_tp, Qwen3-8B shape at TP=1 and TP=2
 # Several phases run one after another in one call; DEADLINE=<seconds from now> clamps every command's time
 # limit so the last phase still ends (and is tarred) inside the device call:
 #   DEADLINE=560 bash tools/gpu_checks.sh tests-a tests-b
 set -u
-[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | p1 | p1-rows | bench2 | startup | serve | serve-thread | tp | tp-killed | tp-bench" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | p1 | p1-rows | bench2 | startup | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
 OUT=${OUT:-/tmp/out}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 END=$(( $(date +%s) + ${DEADLINE:-100000} ))
@@ -162,6 +163,17 @@ tp)
     tests/test_gpu_tensor_parallel.py tests/test_sampling_vocab_parallel.py -k "not qwen3 and not rank0 and not killed" \
     > "$R/pytest_tp_rest.log" 2>&1
   echo "pytest rc=$?" >> "$R/pytest_tp_rest.log"
+  ;;
+tp-symm)
+  # issue 18: the one-shot symmetric-memory all-reduce (GRAPHRUNNER_TP_ALLREDUCE=symm_mem) against NCCL: its tokens
+  # test, then TP=2 decode with it (TP=1 and TP=2-with-NCCL as in tp-bench, the model reused when present)
+  GRAPHRUNNER_LOG_LEVEL=INFO T 200 python3 -m pytest -v -s -p no:cacheprovider -m gpu --durations=5 \
+    tests/test_gpu_tensor_parallel.py -k symmetric > "$R/pytest_tp_symm.log" 2>&1
+  echo "pytest rc=$?" >> "$R/pytest_tp_symm.log"
+  T 300 python3 tools/bench_tp.py --out /tmp/qwen3-8b-random --tp-sizes 2 --json "$R/bench_tp_nccl.json" \
+    > "$R/bench_tp_nccl.log" 2>&1
+  GRAPHRUNNER_TP_ALLREDUCE=symm_mem T 300 python3 tools/bench_tp.py --out /tmp/qwen3-8b-random --tp-sizes 2 \
+    --json "$R/bench_tp_symm.json" > "$R/bench_tp_symm.log" 2>&1
   ;;
 tp-killed)
   GRAPHRUNNER_LOG_LEVEL=INFO T 150 python3 -m pytest -v -s -p no:cacheprovider -m gpu --durations=5 \

@@ -1,0 +1,64 @@
+"""The small-message tensor-parallel all-reduce over symmetric memory (torch.distributed._symmetric_memory):
+one kernel per all-reduce in which each rank reads its peers' buffers directly over NVLink. NCCL runs a protocol
+that pays off for large messages, while a decode step's 8 KB all-reduces are latency-bound, so this path is for
+small messages. Opt-in (GRAPHRUNNER_TP_ALLREDUCE=symm_mem) until measured against NCCL; messages larger than the
+buffer and CPU tensors always go to NCCL / gloo."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+logger = logging.getLogger(__name__)
+
+ENV = "GRAPHRUNNER_TP_ALLREDUCE"
+BACKENDS = ("nccl", "symm_mem")
+MAX_BYTES = 2 << 20  # the buffer: a decode step of 256 tokens at hidden 4096 in bf16; prefill chunks exceed it
+
+
+def chosen_backend() -> str:
+    """The all-reduce backend asked for in the environment (default nccl); a bad value is an error naming it."""
+    value = os.environ.get(ENV, "nccl").strip().lower() or "nccl"
+    if value not in BACKENDS:
+        raise ValueError(f"{ENV} must be one of {', '.join(BACKENDS)}, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class SymmBuffer:
+    """One symmetric allocation per rank, rendezvoused over the tensor-parallel group."""
+
+    buf: torch.Tensor  # [MAX_BYTES] uint8, symmetric
+    group_name: str
+
+    def fits(self, x: torch.Tensor) -> bool:
+        nbytes = x.numel() * x.element_size()
+        return (x.device == self.buf.device and 0 < nbytes <= self.buf.numel() and nbytes % 4 == 0
+                and x.is_contiguous())
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """Sum of x over the ranks (x must fit): x copied into the symmetric buffer, then one one-shot kernel."""
+        n = x.numel()
+        slot = self.buf.view(x.dtype)[:n]  # [n] at offset 0 (16-byte aligned)
+        slot.copy_(x.view(-1))
+        out = torch.empty_like(x)
+        # the kernel's closing barrier keeps a peer from overwriting its buffer (the next all-reduce's copy) while
+        # another still reads it
+        torch.ops.symm_mem.one_shot_all_reduce_out(slot, "sum", self.group_name, out.view(-1))
+        return out
+
+
+def setup(group: dist.ProcessGroup, device: torch.device) -> SymmBuffer | None:
+    """The buffer, when GRAPHRUNNER_TP_ALLREDUCE=symm_mem on CUDA (collective: every rank calls this); else None."""
+    if chosen_backend() != "symm_mem" or device.type != "cuda":
+        return None
+    import torch.distributed._symmetric_memory as symm_mem
+
+    buf = symm_mem.empty(MAX_BYTES, dtype=torch.uint8, device=device)
+    symm_mem.rendezvous(buf, group=group.group_name)
+    logger.info("tensor-parallel all-reduces of <= %d bytes use symmetric memory (one-shot)", MAX_BYTES)
+    return SymmBuffer(buf, group.group_name)
