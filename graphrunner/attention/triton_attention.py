@@ -230,7 +230,7 @@ def _launch(query: torch.Tensor, layer_cache: torch.Tensor, query_start_loc: tor
     else:
         part_acc = part_ml = out  # unused
     grid = (num_reqs, triton.cdiv(max(max_query_len, 1), block_q), hkv * num_splits)
-    warps = 8 if block_m * d_pad >= 128 * 128 else 4  # (a 128 x 128 fp32 accumulator: spread it over 8 warps)
+    warps = 8 if block_m >= 128 else 4  # (a 128-row fp32 accumulator: spread over 8 warps; 64 rows keep 4, as before)
     _unified_attention_kernel[grid](
         query, k_cache, v_cache, out, part_acc, part_ml, query_start_loc, seq_lens, block_table,
         query.stride(0), query.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
