@@ -38,9 +38,13 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def load_bench_serve() -> ModuleType:
-    """tools/bench_serve.py as the module `bench_serve` (tools/ is not a package)."""
+    """tools/bench_serve.py as the module `bench_serve` (tools/ is not a package; its sibling modules, such as
+    bench_http, are found through tools/ on sys.path, as when the tool runs)."""
     if "bench_serve" in sys.modules:
         return sys.modules["bench_serve"]
+    tools = str(REPO_ROOT / "tools")
+    if tools not in sys.path:
+        sys.path.insert(0, tools)
     spec = importlib.util.spec_from_file_location("bench_serve", REPO_ROOT / "tools" / "bench_serve.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules["bench_serve"] = module  # dataclasses resolve their module by name

@@ -22,7 +22,8 @@ import time
 from typing import Any
 
 import httpx
-from bench_serve import random_token_prompts, resolve_client, run_load, scrape_metrics
+from bench_http import resolve_client, scrape_metrics
+from bench_serve import random_token_prompts, run_load
 
 HOST = "127.0.0.1"
 LOOP = ("graphrunner:engine_loop_steps_total", "graphrunner:engine_loop_step_seconds_total",
