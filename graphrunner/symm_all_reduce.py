@@ -56,9 +56,13 @@ def setup(group: dist.ProcessGroup, device: torch.device) -> SymmBuffer | None:
     """The buffer, when GRAPHRUNNER_TP_ALLREDUCE=symm_mem on CUDA (collective: every rank calls this); else None."""
     if chosen_backend() != "symm_mem" or device.type != "cuda":
         return None
-    import torch.distributed._symmetric_memory as symm_mem
+    try:
+        import torch.distributed._symmetric_memory as symm_mem
 
-    buf = symm_mem.empty(MAX_BYTES, dtype=torch.uint8, device=device)
-    symm_mem.rendezvous(buf, group=group.group_name)
+        buf = symm_mem.empty(MAX_BYTES, dtype=torch.uint8, device=device)
+        symm_mem.rendezvous(buf, group=group.group_name)
+    except Exception as exc:  # (any failure: name the switch that asked for it)
+        raise RuntimeError(f"{ENV}=symm_mem: symmetric memory could not be set up on {device} ({type(exc).__name__}: "
+                           f"{exc}); unset {ENV} to use NCCL") from exc
     logger.info("tensor-parallel all-reduces of <= %d bytes use symmetric memory (one-shot)", MAX_BYTES)
     return SymmBuffer(buf, group.group_name)
