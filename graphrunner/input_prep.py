@@ -15,7 +15,7 @@ from torch import Tensor
 
 from graphrunner.host_tensors import host_tensor
 from graphrunner.kernel_checks import check_tensor as _check
-from graphrunner.kernel_checks import step_sizes
+from graphrunner.kernel_checks import int32_aligned, step_sizes
 
 _BLOCK = 128  # tokens / block-table columns handled per loop iteration of one program
 
@@ -68,7 +68,7 @@ class StepBuffers:
     def counts_offset(padded: int) -> int:
         """Where a step of `padded` rows keeps its token counts in step_rows: the first 16-byte boundary after
         its rows."""
-        return -(-padded // 4) * 4
+        return int32_aligned(padded)
 
     def rows(self, num_reqs: int, padded: int) -> tuple[Tensor, Tensor]:
         """(idx_mapping [num_reqs] int32, num_scheduled [num_reqs] int32) of a step padded to `padded` rows."""

@@ -33,6 +33,12 @@ def num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+def int32_aligned(n: int) -> int:
+    """n int32 entries rounded up to a 16-byte boundary: where the next view of a packed int32 buffer may start
+    without giving Triton a new pointer alignment to specialise on (per-step views must keep one alignment)."""
+    return -(-n // 4) * 4
+
+
 def step_sizes(*names: str) -> list[str]:
     """Arguments of a per-step kernel that follow the batch (token and request counts, chunking): Triton would
     compile a variant for each value that is 1 or divisible by 16, mid-run, so they are not specialised on

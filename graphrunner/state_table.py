@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from graphrunner.host_tensors import to_device
+from graphrunner.kernel_checks import int32_aligned
 from graphrunner.penalty_counts import PenaltyCounts, fill_counts
 from graphrunner.sampling_params import SamplingParams
 from graphrunner.state_kernels import apply_ragged_writes
@@ -116,13 +117,13 @@ class StateTable:
         packed = array("i")
         for sec in sections:
             packed.extend(sec)
-            packed.extend(_ZEROS[:-len(sec) % 4])
+            packed.extend(_ZEROS[:int32_aligned(len(sec)) - len(sec)])
         dev = to_device(packed, torch.int32, self.device)  # one H2D copy for all int32 diffs
         off = 0
 
         def take(n: int) -> torch.Tensor:
             nonlocal off
-            start, off = off, off + n + (-n % 4)
+            start, off = off, off + int32_aligned(n)
             return dev[start:start + n]
 
         for stage, dst in ((self._tokens, self.token_ids), (self._blocks, self.block_table)):
