@@ -7,11 +7,12 @@ buffer and CPU tensors always go to NCCL / gloo."""
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+from graphrunner.env import env_choice
 
 logger = logging.getLogger(__name__)
 
@@ -22,10 +23,7 @@ MAX_BYTES = 2 << 20  # the buffer: a decode step of 256 tokens at hidden 4096 in
 
 def chosen_backend() -> str:
     """The all-reduce backend asked for in the environment (default nccl); a bad value is an error naming it."""
-    value = os.environ.get(ENV, "nccl").strip().lower() or "nccl"
-    if value not in BACKENDS:
-        raise ValueError(f"{ENV} must be one of {', '.join(BACKENDS)}, got {value!r}")
-    return value
+    return env_choice(ENV, BACKENDS, "nccl")
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ import torch.distributed as dist
 
 from graphrunner.async_output import AsyncStepOutput
 from graphrunner.config import EngineConfig
+from graphrunner.env import env_number
 from graphrunner.log_setup import configure_from_env
 from graphrunner.parallel_state import (
     abort_tensor_parallel,
@@ -54,14 +55,7 @@ STACKS_ENV = "GRAPHRUNNER_TP_STACKS_AFTER_S"  # a worker that receives no plan f
 
 
 def collective_timeout_s() -> float:
-    raw = os.environ.get("GRAPHRUNNER_TP_TIMEOUT_S", "")
-    try:
-        value = float(raw) if raw else DEFAULT_TIMEOUT_S
-    except ValueError:
-        raise ValueError(f"GRAPHRUNNER_TP_TIMEOUT_S must be a number of seconds, got {raw!r}") from None
-    if value <= 0:
-        raise ValueError(f"GRAPHRUNNER_TP_TIMEOUT_S must be > 0, got {raw!r}")
-    return value
+    return env_number("GRAPHRUNNER_TP_TIMEOUT_S", DEFAULT_TIMEOUT_S, valid=lambda v: v > 0, rule="> 0 (seconds)")
 
 
 def rank_config(config: EngineConfig, rank: int) -> EngineConfig:
@@ -136,11 +130,7 @@ def _worker_main(rank: int, config: EngineConfig, port: int, conn: mpc.Connectio
 
 
 def _stall_dump_seconds() -> float | None:
-    raw = os.environ.get(STACKS_ENV, "")
-    try:
-        value = float(raw) if raw else None
-    except ValueError:
-        raise ValueError(f"{STACKS_ENV} must be a number of seconds, got {raw!r}") from None
+    value = env_number(STACKS_ENV, None, rule="of seconds (<= 0: off)")
     return value if value is not None and value > 0 else None
 
 

@@ -10,13 +10,12 @@ slot -1. The PyTorch reference for both is graphrunner.attention.reference.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
 from graphrunner.attention.metadata import AttentionMetadata
+from graphrunner.env import env_number
 from graphrunner.kernel_checks import check_tensor, step_sizes
 
 TILE_N = 64            # keys per inner iteration (several paged blocks, gathered per position)
@@ -25,8 +24,10 @@ PREFILL_ROWS = 64      # tile rows for batches with prefill chunks
 # Tile rows for prefill chunks when the KV range is split (a short chunk over a long cached prefix, e.g. a prefix-
 # cache hit): every query tile reads the whole range, so fewer, taller tiles read less KV. GRAPHRUNNER_ATTN_* set
 # these for measurements (docs/BENCHMARKS.md).
-SPLIT_PREFILL_ROWS = int(os.environ.get("GRAPHRUNNER_ATTN_SPLIT_ROWS", "64"))
-MAX_SPLITS = int(os.environ.get("GRAPHRUNNER_ATTN_MAX_SPLITS", "16"))
+SPLIT_PREFILL_ROWS = int(env_number("GRAPHRUNNER_ATTN_SPLIT_ROWS", 64, integer=True, rule="in (64, 128)",
+                                    valid=lambda v: v in (64, 128)))
+MAX_SPLITS = int(env_number("GRAPHRUNNER_ATTN_MAX_SPLITS", 16, integer=True, rule="in [1, 64]",
+                            valid=lambda v: 1 <= v <= 64))
 _TARGET_PROGRAMS = 264  # ~2 waves on a 132-SM H200
 
 
