@@ -52,7 +52,10 @@ class SymmBuffer:
 
 def setup(group: dist.ProcessGroup, device: torch.device) -> SymmBuffer | None:
     """The buffer, when GRAPHRUNNER_TP_ALLREDUCE=symm_mem on CUDA (collective: every rank calls this); else None."""
-    if chosen_backend() != "symm_mem" or device.type != "cuda":
+    if chosen_backend() != "symm_mem":
+        return None
+    if device.type != "cuda":
+        logger.warning("%s=symm_mem is ignored on %s: symmetric memory needs CUDA devices", ENV, device)
         return None
     try:
         import torch.distributed._symmetric_memory as symm_mem
