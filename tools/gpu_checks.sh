@@ -92,7 +92,8 @@ spec-train)
 spec-bench)
   # batch-1 TPOT and mean acceptance length on held-out text for each proposer (batch 64 with
   # disable_by_batch_size 32: speculation off there), against the same target without speculation
-  for m in eagle draft_model ngram; do
+  # SPEC_METHODS picks a subset, so two GPUs of one machine can share the list (CUDA_VISIBLE_DEVICES, OUT apart)
+  for m in ${SPEC_METHODS:-eagle draft_model ngram}; do
     d=graphrunner/demo_model; [ "$m" = eagle ] && d=/tmp/eagle
     T 190 python3 tools/bench_spec.py --model /tmp/target --no-peer --method "$m" --draft-model "$d" \
       --workloads text --text-ids data/cache/demo_corpus/val.npy --batch-sizes 1,64 --k 4 \
