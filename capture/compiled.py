@@ -41,8 +41,8 @@ def use_compile_cache(cache_dir: Path) -> None:
 RECOMPILE_LIMIT = 64
 
 
-def compile_model(model: nn.Module, backend: PiecewiseBackend | None = None) -> nn.Module:
-    """The model behind torch.compile with the piecewise backend (attention stays outside the pieces)."""
+def _configure_dynamo() -> None:
+    """Dynamo settings every compiled module here shares (the target and a proposer's module)."""
     cfg = torch._dynamo.config
     for name in ("recompile_limit", "cache_size_limit"):
         if hasattr(cfg, name):
@@ -63,7 +63,21 @@ def compile_model(model: nn.Module, backend: PiecewiseBackend | None = None) -> 
     # models avoid the ops that still guard on t == 1: reshape/contiguous of a strided view).
     if hasattr(fx_config, "backed_size_oblivious"):
         fx_config.backed_size_oblivious = True
+
+
+def compile_model(model: nn.Module, backend: PiecewiseBackend | None = None) -> nn.Module:
+    """The model behind torch.compile with the piecewise backend (attention stays outside the pieces)."""
+    _configure_dynamo()
     return torch.compile(model, backend=backend or PiecewiseBackend(), fullgraph=True, dynamic=True)
+
+
+def compile_draft(module: nn.Module) -> nn.Module:
+    """A proposer's module (the draft model, the EAGLE head) behind plain Inductor: fused kernels, no pieces.
+    Its forwards run inside the target's FULL verify graphs (or between a mixed step's pieces), so it needs no
+    graphs of its own; eager, each layer was ~25 small kernels, and a k = 4 verify step with the 8-layer demo
+    draft cost 5.3x a plain decode step of its 24-layer target (docs/BENCHMARKS.md, tenth session)."""
+    _configure_dynamo()
+    return torch.compile(module, backend="inductor", fullgraph=True, dynamic=True)
 
 
 def graph_sizes(config: EngineConfig, model_state: ModelState) -> tuple[list[int], list[int]]:

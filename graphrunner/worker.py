@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from capture.compiled import graph_sizes, mixed_graph_sizes, prepare_compiled_model
+from capture.compiled import compile_draft, graph_sizes, mixed_graph_sizes, prepare_compiled_model
 from capture.manager import CaptureManager
 from graphrunner.config import EngineConfig, ModelConfig
 from graphrunner.kv_cache import allocate_kv_cache, blocks_needed, kv_bytes_per_block
@@ -139,6 +139,10 @@ def build_runner(config: EngineConfig, model_state: ModelState | None = None) ->
     kv_model = rank_kv_config(config.model)
     placeholder = allocate_kv_cache(kv_model, 2, bs, config.dtype, config.device)
     draft = _load_draft(config) or _load_eagle(config)
+    if isinstance(draft, DraftModel) and compile_on_gpu:
+        draft.model = compile_draft(draft.model)
+    elif isinstance(draft, EagleDraft) and compile_on_gpu:
+        draft.head = compile_draft(draft.head)
     runner = ModelRunner(model, model_state, placeholder, state, config.use_triton, config.logprobs_mode,
                          config.attention_backend, sc.max_num_batched_tokens, config.speculative, draft)
     manager = None

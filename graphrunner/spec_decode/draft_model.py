@@ -5,7 +5,8 @@ Every step the draft model runs over the target's own step inputs (so its KV mat
 prefill chunks included; rejected drafts' positions are rewritten by the next step, like the target's). After the
 post-update it drafts greedily: k single-token forwards from each row's last token, each draft written into the
 row's history tail. The scheduler reserves k positions of KV blocks ahead for these writes. Nothing here syncs
-with the host, so a FULL verify graph records these forwards too (the draft model itself is not compiled).
+with the host, so a FULL verify graph records these forwards too (on a GPU the worker compiles the draft model
+with plain Inductor: capture.compiled.compile_draft).
 """
 
 from __future__ import annotations
