@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from graphrunner.config import ModelConfig
-from graphrunner.symm_all_reduce import SymmBuffer, chosen_backend
+from graphrunner.symm_all_reduce import SymmBuffer, check_first_engine
 from graphrunner.symm_all_reduce import setup as setup_symm_all_reduce
 
 
@@ -53,7 +53,7 @@ def init_tensor_parallel(rank: int, world_size: int, store: dist.Store, device: 
         raise RuntimeError("tensor parallelism is already initialised in this process (one engine per process; or an "
                            "earlier engine's group could not be left: see stderr)")
     state = TPState(rank, world_size)
-    chosen_backend()  # (a bad GRAPHRUNNER_TP_ALLREDUCE fails before any rank joins)
+    check_first_engine(device)  # (a bad GRAPHRUNNER_TP_ALLREDUCE, or symm_mem a second time, fails before any rank joins)
     backend = "nccl" if device.type == "cuda" else "gloo"
     timeout = datetime.timedelta(seconds=timeout_s)
     kwargs = {"device_id": device} if device.type == "cuda" else {}

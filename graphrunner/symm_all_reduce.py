@@ -21,6 +21,21 @@ BACKENDS = ("nccl", "symm_mem")
 MAX_BYTES = 2 << 20  # the buffer: a decode step of 256 tokens at hidden 4096 in bf16; prefill chunks exceed it
 
 
+# torch keeps symmetric memory's per-group state (the store each group name rendezvouses through) for the life of a
+# process; a second tensor-parallel engine's group reuses the name, so its rendezvous waited on the first engine's
+# dead store: the second symm_mem engine in one process hung at start-up on two H200s (tenth session)
+_SET_UP_IN_THIS_PROCESS = False
+
+
+def check_first_engine(device: torch.device) -> None:
+    """Before any rank joins: a bad GRAPHRUNNER_TP_ALLREDUCE is an error, as is symm_mem for a second
+    tensor-parallel engine in this process (it would hang)."""
+    if chosen_backend() == "symm_mem" and device.type == "cuda" and _SET_UP_IN_THIS_PROCESS:
+        raise RuntimeError(f"{ENV}=symm_mem serves only the first tensor-parallel engine of a process (torch keeps "
+                           f"symmetric memory's per-group state until the process exits, and a second engine's "
+                           f"rendezvous would hang); start this engine in a new process or unset {ENV}")
+
+
 def chosen_backend() -> str:
     """The all-reduce backend asked for in the environment (default nccl); a bad value is an error naming it."""
     return env_choice(ENV, BACKENDS, "nccl")
@@ -61,6 +76,8 @@ def setup(group: dist.ProcessGroup, device: torch.device) -> SymmBuffer | None:
         import torch.distributed._symmetric_memory as symm_mem
 
         buf = symm_mem.empty(MAX_BYTES, dtype=torch.uint8, device=device)
+        global _SET_UP_IN_THIS_PROCESS
+        _SET_UP_IN_THIS_PROCESS = True  # (before the rendezvous: a failed one leaves the state behind too)
         symm_mem.rendezvous(buf, group=group.group_name)
     except Exception as exc:  # (any failure: name the switch that asked for it)
         raise RuntimeError(f"{ENV}=symm_mem: symmetric memory could not be set up on {device} ({type(exc).__name__}: "

@@ -43,6 +43,7 @@ from graphrunner.parallel_state import (
 )
 from graphrunner.runner import ModelRunner
 from graphrunner.scheduler import SchedulerOutput
+from graphrunner.symm_all_reduce import check_first_engine
 from graphrunner.tp_plan import RowMirror, encode_plan
 from graphrunner.tp_workers import WatchedOutput, WorkerDied, Workers
 from graphrunner.worker import build_runner
@@ -150,6 +151,7 @@ class TensorParallelExecutor:
         world = config.tensor_parallel_size
         timeout_s = collective_timeout_s()
         _stall_dump_seconds()  # (a bad value fails here, not in a worker)
+        check_first_engine(rank_config(config, 0).device)  # (before any worker starts: nothing to tear down)
         configure_from_env("tp0")
         timeout = datetime.timedelta(seconds=timeout_s)
         store = dist.TCPStore("127.0.0.1", 0, world, is_master=True, wait_for_workers=False, timeout=timeout)

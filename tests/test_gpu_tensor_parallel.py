@@ -90,19 +90,22 @@ def test_two_gpus_give_one_gpus_tokens(arch: str, mode: str, tmp_path_factory: p
         llm.engine.shutdown()
 
 
-@pytest.mark.parametrize("mode", ["graphs", "chunked"])
-def test_symmetric_memory_all_reduce_gives_one_gpus_tokens(mode: str, tmp_path_factory: pytest.TempPathFactory,
+def test_symmetric_memory_all_reduce_gives_one_gpus_tokens(tmp_path_factory: pytest.TempPathFactory,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """GRAPHRUNNER_TP_ALLREDUCE=symm_mem: small all-reduces take the one-shot symmetric-memory kernel (inside the
-    graphs too), large ones NCCL; with two ranks the sums are the same additions, so the tokens equal TP=1's."""
+    FULL and piecewise graphs too), large ones NCCL; with two ranks the sums are the same additions, so the tokens
+    equal TP=1's (chunked prefill on). torch keeps the group's symmetric-memory state for the life of the process:
+    a second symm_mem engine here is refused with an error (its rendezvous once hung)."""
     monkeypatch.setenv("GRAPHRUNNER_TP_ALLREDUCE", "symm_mem")  # (the spawned worker inherits it)
     model_dir, expected = _model_and_expected("qwen3", tmp_path_factory)
-    llm = LLM(model=model_dir, tensor_parallel_size=2, **ENGINE, **MODES[mode])
+    llm = LLM(model=model_dir, tensor_parallel_size=2, **ENGINE, **MODES["chunked"])
     try:
         assert parallel_state._SYMM is not None  # rank 0 (this process) set the buffer up
-        assert _tokens(llm) == expected, mode
+        assert _tokens(llm) == expected
     finally:
         llm.engine.shutdown()
+    with pytest.raises(RuntimeError, match="symm_mem serves only the first tensor-parallel engine"):
+        LLM(model=model_dir, tensor_parallel_size=2, **ENGINE)
 
 
 def test_rank0_step_launch_never_synchronises(tmp_path: Path) -> None:

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from graphrunner.symm_all_reduce import ENV, MAX_BYTES, SymmBuffer, chosen_backend, setup
+from graphrunner import symm_all_reduce
+from graphrunner.symm_all_reduce import ENV, MAX_BYTES, SymmBuffer, check_first_engine, chosen_backend, setup
 
 
 @pytest.mark.parametrize(("value", "want"), [(None, "nccl"), ("", "nccl"), ("NCCL", "nccl"), (" symm_mem ", "symm_mem")])
@@ -45,3 +46,19 @@ def test_which_messages_fit(shape: tuple[int, ...], dtype: torch.dtype, fits: bo
     assert buf.fits(torch.empty(shape, dtype=dtype)) is fits
     assert not buf.fits(torch.empty(16, 8, dtype=torch.float32).t())  # not contiguous
     assert not buf.fits(torch.empty(8, dtype=torch.float32, device="meta"))  # another device
+
+
+def test_a_second_engine_in_one_process_is_refused_not_hung(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch keeps symmetric memory's group state per process: once set up, another engine asking for symm_mem on
+    CUDA gets an error naming the switch (a second rendezvous hung on two H200s); NCCL and CPU engines still start."""
+    monkeypatch.setenv(ENV, "symm_mem")
+    check_first_engine(torch.device("cuda"))  # nothing set up yet
+    monkeypatch.setattr(symm_all_reduce, "_SET_UP_IN_THIS_PROCESS", True)
+    with pytest.raises(RuntimeError, match=f"{ENV}=symm_mem serves only the first tensor-parallel engine"):
+        check_first_engine(torch.device("cuda"))
+    check_first_engine(torch.device("cpu"))
+    monkeypatch.setenv(ENV, "nccl")
+    check_first_engine(torch.device("cuda"))
+    monkeypatch.setenv(ENV, "custom")
+    with pytest.raises(ValueError, match=f"{ENV} must be one of"):
+        check_first_engine(torch.device("cpu"))  # a bad value fails whatever else holds
