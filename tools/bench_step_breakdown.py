@@ -6,6 +6,11 @@ parts are each timed alone (median over --iters) on the live decode batch, with 
 restored after the parts that write it. The kernel table profiles --profile-steps engine steps with
 torch.profiler (CUDA activity; kernels inside CUDA graph replays are reported by CUPTI) and groups them
 as issue 17's table (kernel_table.py). Example: python tools/bench_step_breakdown.py --model /tmp/q06
+
+With --speculative-method (ngram, eagle, draft_model; --num-speculative-tokens k, --draft-model DIR) the steps are
+verify steps of 1 + k tokens per request and the kernel table is per step, proposer included: where a verify
+step's time goes next to a plain decode step's (issue 16). The timed device parts are plain-decode only and are
+skipped then.
 """
 
 from __future__ import annotations
@@ -113,6 +118,19 @@ def kernel_profile(llm: LLM, steps: int, tokens_per_step: int, trace: str) -> di
     return kernel_table.summarize(kernel_table.kernel_rows(events), steps, tokens_per_step)
 
 
+def speculative_config(args: argparse.Namespace) -> dict[str, Any] | None:
+    if args.speculative_method is None:
+        return None
+    if args.num_speculative_tokens < 1:
+        raise ValueError("--num-speculative-tokens must be >= 1")
+    spec: dict[str, Any] = {"method": args.speculative_method, "num_speculative_tokens": args.num_speculative_tokens}
+    if args.speculative_method != "ngram":
+        if args.draft_model is None:
+            raise ValueError(f"--speculative-method {args.speculative_method} needs --draft-model DIR")
+        spec["model"] = args.draft_model
+    return spec
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=bench_common.DEFAULT_MODEL)
@@ -125,30 +143,45 @@ def main() -> None:
     ap.add_argument("--trace", default="bench_step_breakdown_trace.json", help="chrome trace of the profiled steps")
     ap.add_argument("--enforce-eager", action="store_true")
     ap.add_argument("--json", default="bench_step_breakdown.json")
+    ap.add_argument("--speculative-method", choices=("ngram", "eagle", "draft_model"), default=None)
+    ap.add_argument("--num-speculative-tokens", type=int, default=4)
+    ap.add_argument("--draft-model", default=None, help="the draft's (eagle: the head's) directory")
     args = ap.parse_args()
     device = bench_common.resolve_device(args.device)
     if args.batch < 1 or args.steps < 1 or args.profile_steps < 0:
         raise ValueError("--batch and --steps must be >= 1, --profile-steps >= 0")
+    spec = speculative_config(args)
+    k = 0 if spec is None else args.num_speculative_tokens
     decode_steps = args.steps + args.profile_steps + 24
-    llm = LLM(model=args.model, device=str(device), max_model_len=args.prompt_len + decode_steps + 32,
-              max_num_seqs=max(8, args.batch), enforce_eager=args.enforce_eager)
+    llm = LLM(model=args.model, device=str(device), max_model_len=args.prompt_len + (1 + k) * decode_steps + 32,
+              max_num_seqs=max(8, args.batch), enforce_eager=args.enforce_eager, speculative_config=spec)
     vocab = min(bench_common.PROMPT_VOCAB, llm.engine.config.model.vocab_size)
     prompts = bench_common.random_prompts(args.batch, args.prompt_len, args.prompt_len, vocab=vocab)
+    if spec is not None:  # a passage, then its first half again: prompt lookup finds drafts from the first step
+        half = args.prompt_len // 2
+        prompts = [p[:args.prompt_len - half] + p[:half] for p in prompts]
     for prompt in prompts:
         llm.engine.add_request({"prompt_token_ids": prompt}, SamplingParams(
             temperature=0.0, max_tokens=decode_steps, ignore_eos=True, detokenize=False))
     for _ in range(4 + args.batch // 8):  # prefill, then into steady decode
         llm.engine.step()
     host = host_ms(llm, args.steps)
-    table = kernel_profile(llm, args.profile_steps, args.batch, args.trace) if args.profile_steps else None
-    parts = device_parts(llm, args.iters)
+    # per token at plain decode; per step with speculation (a step emits 1 to 1 + k tokens per request)
+    per = args.batch if spec is None else 1
+    table = kernel_profile(llm, args.profile_steps, per, args.trace) if args.profile_steps else None
+    parts = device_parts(llm, args.iters) if spec is None else {}
     switches = {"GRAPHRUNNER_SPLIT_SAMPLE": int(gumbel_split.SPLIT_SAMPLE_ENABLED)}
     print(f"switches: {switches}")
     result = {"host_ms_median": statistics.median(host), "device_ms": parts, "kernels": table, "args": vars(args),
               "switches": switches, "env": bench_common.env_info()}
     mode = "CUDA graphs" if llm.engine.runner.graphs is not None else "no graphs"
+    what = "decode steps" if spec is None else f"verify steps ({spec['method']}, k = {k}; figures per step)"
+    if spec is not None:
+        result["spec_decode_counts"] = llm.engine.stats.spec_decode_counts
+        result["mean_acceptance_length"] = llm.engine.stats.mean_acceptance_length
+        print(f"mean acceptance length {result['mean_acceptance_length']}")
     if table is not None:
-        print(f"Kernel table: {args.profile_steps} decode steps at batch {args.batch} on {device} ({mode}):")
+        print(f"Kernel table: {args.profile_steps} {what} at batch {args.batch} on {device} ({mode}):")
         print(kernel_table.format_table(table))
     print(f"Step breakdown at batch {args.batch} on {device} ({mode}):")
     print(f"  host (schedule, stage, launch, read previous)  {result['host_ms_median']:8.3f} ms")

@@ -9,6 +9,7 @@
 #   bash tools/gpu_checks.sh spec-bench # ... then, on the same warm machine, TPOT per proposer on held-out text
 #   bash tools/gpu_checks.sh spec-cost  # the proposers' GPU tests, then a k = 4 verify step vs a plain decode step
 #                                       # per proposer on the Qwen3-0.6B shape (carry data/cache/demo_corpus)
+#   bash tools/gpu_checks.sh spec-table # kernel tables of those verify steps next to a plain decode step's (same carry)
 #   bash tools/gpu_checks.sh bench2     # T1 with and without penalties, P1 (with profile), L1 step breakdown
 #   bash tools/gpu_checks.sh p1         # P1 alone (hit vs miss TTFT, with profile)
 #   bash tools/gpu_checks.sh p1-rows    # P1 with 128-row split prefill tiles vs 64 (+ the attention tests on CUDA)
@@ -23,7 +24,7 @@
 # limit so the last phase still ends (and is tarred) inside the device call:
 #   DEADLINE=560 bash tools/gpu_checks.sh tests-a tests-b
 set -u
-[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-cost | p1 | p1-rows | bench2 | startup | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-cost | spec-table | p1 | p1-rows | bench2 | startup | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
 OUT=${OUT:-/tmp/out}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 END=$(( $(date +%s) + ${DEADLINE:-100000} ))
@@ -35,6 +36,14 @@ T() {
   timeout --signal=KILL "$lim" "$@"
 }
 model() { [ -d /tmp/q06 ] || python3 tools/make_bench_model.py --out /tmp/q06 --tokenizer > "$R/make_model.log" 2>&1; }
+# random-weight proposers with the target's vocabulary: an 8-layer draft of the demo model's shape and an EAGLE
+# head trained for two steps (a verify step's cost does not depend on what they propose: it is always 1 + k tokens)
+proposers() {
+  [ -d /tmp/q06draft ] || T 120 python3 tools/make_bench_model.py --out /tmp/q06draft --layers 8 --hidden 256 \
+    --intermediate 768 --heads 8 --kv-heads 4 --head-dim 64 > "$R/make_draft.log" 2>&1
+  [ -d /tmp/q06eagle ] || T 120 python3 tools/train_demo_model.py train-eagle --data data/cache/demo_corpus \
+    --target /tmp/q06 --out /tmp/q06eagle --max-steps 2 --batch-size 4 --seq-len 128 > "$R/make_eagle.log" 2>&1
+}
 wheels() {
   [ -d /tmp/site/fastapi ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl
@@ -107,16 +116,24 @@ spec-cost)
   T 240 python3 -m pytest -q -p no:cacheprovider -m gpu --durations=10 tests/test_spec_eagle.py \
     tests/test_spec_decode_graphs.py > "$R/pytest_spec.log" 2>&1
   echo "pytest rc=$?" >> "$R/pytest_spec.log"
-  # random-weight proposers with the target's vocabulary: an 8-layer draft of the demo model's shape and an EAGLE
-  # head trained for two steps (the step cost does not depend on what they propose: a verify step is always 1 + k)
-  [ -d /tmp/q06draft ] || T 120 python3 tools/make_bench_model.py --out /tmp/q06draft --layers 8 --hidden 256 \
-    --intermediate 768 --heads 8 --kv-heads 4 --head-dim 64 > "$R/make_draft.log" 2>&1
-  [ -d /tmp/q06eagle ] || T 120 python3 tools/train_demo_model.py train-eagle --data data/cache/demo_corpus \
-    --target /tmp/q06 --out /tmp/q06eagle --max-steps 2 --batch-size 4 --seq-len 128 > "$R/make_eagle.log" 2>&1
+  proposers
   for m in draft_model eagle ngram; do
     d=/tmp/q06draft; [ "$m" = eagle ] && d=/tmp/q06eagle
     T 150 python3 tools/bench_spec.py --model /tmp/q06 --no-peer --method "$m" --draft-model "$d" \
       --workloads copy --batch-sizes 1 --k 4 --repeats 2 --json "$R/cost_$m.json" > "$R/cost_$m.log" 2>&1
+  done
+  ;;
+spec-table)
+  model
+  proposers
+  # issue 16: the kernel table of a k = 4 verify step per proposer next to a plain decode step's (where the verify
+  # step's extra time goes: the 5-token forward, the rejection sampler, the proposer's layers and glue)
+  T 150 python3 tools/bench_step_breakdown.py --model /tmp/q06 --profile-steps 100 --json "$R/plain.json" \
+    --trace /tmp/trace_plain.json > "$R/plain.log" 2>&1
+  for m in ngram eagle draft_model; do
+    d=/tmp/q06draft; [ "$m" = eagle ] && d=/tmp/q06eagle
+    T 150 python3 tools/bench_step_breakdown.py --model /tmp/q06 --profile-steps 100 --speculative-method "$m" \
+      --draft-model "$d" --json "$R/verify_$m.json" --trace "/tmp/trace_$m.json" > "$R/verify_$m.log" 2>&1
   done
   ;;
 p1)
