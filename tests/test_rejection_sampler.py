@@ -1,4 +1,5 @@
-"""Tests for graphrunner.sampling.rejection: Triton vs reference bit-equality on awkward shapes, greedy acceptance vs a
+"""Tests for graphrunner.sampling.rejection and rejection_split: both Triton kernels (one program per request; the
+vocabulary split across programs) vs the reference, bit-equal on awkward shapes, greedy acceptance vs a
 plain-Python oracle, equality with graphrunner.sampling.gumbel for rows without drafts, and chi-square tests that the
 emitted tokens follow the target distribution with one-hot (n-gram) and draft-model q, at the theoretical accept rate.
 
@@ -14,7 +15,8 @@ import torch
 from scipy import stats
 
 from graphrunner.sampling.gumbel_split import sample
-from graphrunner.sampling.rejection import rejection_sample, rejection_sample_ref, rejection_sample_triton
+from graphrunner.sampling.rejection import _accept_uniform_ref, rejection_sample_ref, rejection_sample_triton
+from graphrunner.sampling.rejection_split import rejection_sample, rejection_sample_split_triton
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 P_THRESHOLD = 1e-3  # goodness-of-fit tests fail below this p-value; inputs are fixed, so the outcome is deterministic
@@ -80,6 +82,48 @@ def test_triton_matches_reference(num_reqs: int, k: int, vocab: int, with_q: boo
     assert torch.equal(out_ref, out_tri)
     assert torch.equal(acc_ref, acc_tri)
     _check_structure(out_ref, acc_ref, args)
+
+
+@pytest.mark.parametrize("vocab", [1, 7, 1000, 3073, 5003])
+@pytest.mark.parametrize("k", [1, 3])
+@pytest.mark.parametrize("num_reqs", [0, 1, 5])
+def test_split_kernel_matches_reference(num_reqs: int, k: int, vocab: int) -> None:
+    """The split-vocab kernel (one-hot q) against the reference; on CPU each row of a one-request batch spans up to
+    4 chunks of 1024 (3073: the last chunk holds one entry), so the chunk reductions are exercised."""
+    args = _batch(num_reqs, k, vocab, False, seed=1000 * num_reqs + 10 * k + vocab + 5)
+    del args["draft_probs"]
+    out_ref, acc_ref = rejection_sample_ref(**args, draft_probs=None)
+    out_split, acc_split = rejection_sample_split_triton(**args)
+    assert torch.equal(out_ref, out_split)
+    assert torch.equal(acc_ref, acc_split)
+
+
+def test_acceptance_uses_the_whole_rows_softmax() -> None:
+    """Sampled drafts are accepted iff u < p(d) (one-hot q), with p(d) over the whole row: the draft sits in the first
+    1024-entry block and the row's max (just above it) in the last, so a softmax sum not rescaled as the running max
+    grows would shrink p(d) and flip decisions."""
+    num_reqs, vocab = 48, 5003
+    g = torch.Generator().manual_seed(77)
+    logits = torch.randn(2 * num_reqs, vocab, generator=g)  # each request: its draft row, then its bonus row
+    want_p = torch.rand(num_reqs, generator=g, dtype=torch.float64) * 0.3 + 0.05  # [B] p(d) to aim at, < 1/(1+e^.5)
+    others = torch.exp(logits[0::2].double()).sum(dim=-1) - torch.exp(logits[0::2, [3, vocab - 1]].double()).sum(-1)
+    a = torch.log(want_p * others / (1 - want_p * (1 + math.exp(0.5))))  # [B] float64: d's logit for that p(d)
+    logits[0::2, 3], logits[0::2, vocab - 1] = a.float(), (a + 0.5).float()
+    p_d = torch.softmax(logits[0::2].double(), dim=-1)[:, 3]  # [B] float64, ~want_p
+    args = {"logits": logits, "cu_num_logits": _cu(torch.ones(num_reqs, dtype=torch.int32)),
+            "draft_ids": torch.full((num_reqs, 1), 3, dtype=torch.int32),
+            "num_drafts": torch.ones(num_reqs, dtype=torch.int32), "temperature": torch.ones(num_reqs),
+            "seeds": torch.arange(num_reqs, dtype=torch.int64) * 104729 + 1,
+            "positions": torch.arange(num_reqs, dtype=torch.int64) * 3}
+    u = _accept_uniform_ref(args["seeds"], args["positions"]).double()  # [B] the acceptance uniforms
+    clear = (u - p_d).abs() > 1e-4  # float32 rounding may decide a near tie either way
+    want = (u < p_d)[clear]
+    assert 0 < int(want.sum()) < int(clear.sum())  # both outcomes occur
+    args = {key: v.to(DEVICE) for key, v in args.items()}
+    for name, (_, acc) in (("reference", rejection_sample_ref(**args, draft_probs=None)),
+                           ("one program per request", rejection_sample_triton(**args, draft_probs=None)),
+                           ("split", rejection_sample_split_triton(**args))):
+        assert torch.equal(acc.cpu()[clear] == 1, want), name
 
 
 def _oracle_greedy(logits: list[list[float]], cu: list[int], drafts: list[list[int]], nd: list[int]):
@@ -179,9 +223,13 @@ def test_emitted_tokens_follow_target(one_hot: bool) -> None:
     small = dict(args, cu_num_logits=args["cu_num_logits"][:m + 1], draft_ids=args["draft_ids"][:m],
                  num_drafts=args["num_drafts"][:m], temperature=args["temperature"][:m], seeds=args["seeds"][:m],
                  positions=args["positions"][:m])
-    out_tri, acc_tri = rejection_sample_triton(**{key: v.to(DEVICE) if v is not None else None
-                                                  for key, v in small.items()})
+    small = {key: v.to(DEVICE) if v is not None else None for key, v in small.items()}
+    out_tri, acc_tri = rejection_sample_triton(**small)
     assert torch.equal(out_tri.cpu(), out[:m]) and torch.equal(acc_tri.cpu(), acc[:m])
+    if one_hot:
+        out_split, acc_split = rejection_sample_split_triton(**{key: v for key, v in small.items()
+                                                                if key != "draft_probs"})
+        assert torch.equal(out_split.cpu(), out[:m]) and torch.equal(acc_split.cpu(), acc[:m])
 
 
 def test_seeded_results_do_not_depend_on_the_batch() -> None:

@@ -1,4 +1,6 @@
-"""Speculative decoding's verification step (vLLM's rejection sampler) on graphrunner's stateless RNG.
+"""Speculative decoding's verification step (vLLM's rejection sampler) on graphrunner's stateless RNG: the
+one-program-per-request Triton kernel (any q) and the PyTorch reference; rejection_split.py holds the split-vocab
+kernel and the dispatcher `rejection_sample`.
 
 Greedy requests accept drafts while they equal the target argmax; sampled ones accept d with probability
 min(1, p(d) / q(d)) and resample the first rejected row from max(0, p - q) by Gumbel-max, so emitted tokens follow p.
@@ -297,20 +299,3 @@ def rejection_sample_triton(
         HAS_Q=draft_probs is not None, BLOCK_V=block_v, num_warps=num_warps,
     )
     return out, num_accepted
-
-
-def rejection_sample(
-    logits: Tensor,  # [N, V] float32, N = sum(1 + k_b): each request's k_b draft rows, then its bonus row
-    cu_num_logits: Tensor,  # [B + 1] int32
-    draft_ids: Tensor,  # [B, K] int32
-    num_drafts: Tensor,  # [B] int32
-    draft_probs: Tensor | None,  # [N_drafts, V] float32, or None for n-gram drafts (one-hot q)
-    temperature: Tensor,  # [B] float32, 0 = greedy
-    seeds: Tensor,  # [B] int64
-    positions: Tensor,  # [B] int64; row j of request b uses the RNG position positions[b] + j
-    use_triton: bool,
-) -> tuple[Tensor, Tensor]:  # output_ids [B, K + 1] int32 (-1 unused), num_accepted [B] int32
-    """Verify drafts: request b emits output_ids[b, :num_accepted[b] + 1] (accepted drafts, then one corrected
-    or bonus token). Seeded results depend only on (seed, position), not on the batch."""
-    fn = rejection_sample_triton if use_triton else rejection_sample_ref
-    return fn(logits, cu_num_logits, draft_ids, num_drafts, draft_probs, temperature, seeds, positions)

@@ -17,7 +17,7 @@ from graphrunner.sampling.filters import apply_filters
 from graphrunner.sampling.logprobs import LogprobsTensors, compute_logprobs
 from graphrunner.sampling.masks import apply_allowed_tokens, apply_bad_word_prefixes, apply_sparse_edits
 from graphrunner.sampling.penalties import apply_penalties
-from graphrunner.sampling.rejection import rejection_sample
+from graphrunner.sampling.rejection_split import rejection_sample
 from graphrunner.spec_decode.layout import SpecLayout
 from graphrunner.spec_decode.update import read_drafts
 from graphrunner.state_table import StateTable
