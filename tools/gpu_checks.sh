@@ -116,10 +116,19 @@ spec-bench)
   ;;
 spec-cost)
   model
+  # the rejection kernels on CUDA (that file runs on CUDA when it is there: both kernels against the reference)
+  T 120 python3 -m pytest -q -p no:cacheprovider tests/test_rejection_sampler.py > "$R/pytest_rejection.log" 2>&1
+  echo "pytest rc=$?" >> "$R/pytest_rejection.log"
   T 240 python3 -m pytest -q -p no:cacheprovider -m gpu --durations=10 tests/test_spec_eagle.py \
     tests/test_spec_decode_graphs.py > "$R/pytest_spec.log" 2>&1
   echo "pytest rc=$?" >> "$R/pytest_spec.log"
+  GRAPHRUNNER_SPLIT_REJECTION=1 T 240 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_spec_decode_graphs.py \
+    > "$R/pytest_spec_split_rejection.log" 2>&1
+  echo "pytest rc=$?" >> "$R/pytest_spec_split_rejection.log"
   proposers
+  # the split-vocab rejection kernel (GRAPHRUNNER_SPLIT_REJECTION=1) against the one-program walk: n-gram verify steps
+  GRAPHRUNNER_SPLIT_REJECTION=1 T 150 python3 tools/bench_spec.py --model /tmp/q06 --no-peer --method ngram \
+    --workloads copy --batch-sizes 1 --k 4 --repeats 2 --json "$R/cost_ngram_split.json" > "$R/cost_ngram_split.log" 2>&1
   for m in draft_model eagle ngram; do
     d=/tmp/q06draft; [ "$m" = eagle ] && d=/tmp/q06eagle
     T 150 python3 tools/bench_spec.py --model /tmp/q06 --no-peer --method "$m" --draft-model "$d" \

@@ -6,6 +6,7 @@ tempered logits), the residual pick (the same without the draft token) and the s
 draft row. One program per request then walks its rows on those partials until the first rejection. The
 one-program walk over whole rows cost ~80 µs per row at a 152K vocabulary, one row after another (k = 4 verifies
 up to 5). Picks equal rejection.py's (exact maxima, lowest index on ties); one-hot q (draft_probs None) only.
+Off until measured on a GPU: GRAPHRUNNER_SPLIT_REJECTION=1 turns it on (docs/DECISIONS.md).
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from graphrunner.env import env_choice
 from graphrunner.kernel_checks import step_sizes
 from graphrunner.sampling.gumbel import _gumbel, _row_keys
-from graphrunner.sampling.gumbel_split import _BLOCK_V, SPLIT_SAMPLE_ENABLED, split_plan
+from graphrunner.sampling.gumbel_split import _BLOCK_V, split_plan
 from graphrunner.sampling.rejection import (
     _accept_uniform,
     _argmax_update,
@@ -26,6 +28,9 @@ from graphrunner.sampling.rejection import (
     rejection_sample_triton,
 )
 
+# read once at import, for A/B runs: "0" (default until an H200 run has measured it) the one-program-per-request
+# kernel, "1" this split kernel wherever q is one-hot
+SPLIT_REJECTION_ENABLED: bool = env_choice("GRAPHRUNNER_SPLIT_REJECTION", ("0", "1"), "0") == "1"
 _NF, _NI = 4, 2  # float partials per (row, chunk): plain max, residual max, softmax max, softmax sum; int: the two picks
 
 
@@ -210,12 +215,13 @@ def rejection_sample(
     use_triton: bool,
 ) -> tuple[Tensor, Tensor]:  # output_ids [B, K + 1] int32 (-1 unused), num_accepted [B] int32
     """Verify drafts: request b emits output_ids[b, :num_accepted[b] + 1] (accepted drafts, then one corrected
-    or bonus token). Seeded results depend only on (seed, position), not on the batch. The split kernel serves
-    one-hot q unless GRAPHRUNNER_SPLIT_SAMPLE=0; a draft distribution goes to rejection.py's kernel."""
+    or bonus token). Seeded results depend only on (seed, position), not on the batch. With
+    GRAPHRUNNER_SPLIT_REJECTION=1 the split kernel serves one-hot q; a draft distribution always goes to
+    rejection.py's kernel."""
     if not use_triton:
         return rejection_sample_ref(logits, cu_num_logits, draft_ids, num_drafts, draft_probs, temperature, seeds,
                                     positions)
-    if draft_probs is None and SPLIT_SAMPLE_ENABLED:
+    if draft_probs is None and SPLIT_REJECTION_ENABLED:
         return rejection_sample_split_triton(logits, cu_num_logits, draft_ids, num_drafts, temperature, seeds,
                                              positions)
     return rejection_sample_triton(logits, cu_num_logits, draft_ids, num_drafts, draft_probs, temperature, seeds,
