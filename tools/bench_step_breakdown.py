@@ -162,7 +162,7 @@ def main() -> None:
         prompts = [p[:args.prompt_len - half] + p[:half] for p in prompts]
     for prompt in prompts:
         llm.engine.add_request({"prompt_token_ids": prompt}, SamplingParams(
-            temperature=0.0, max_tokens=decode_steps, ignore_eos=True, detokenize=False))
+            temperature=0.0, max_tokens=(1 + k) * decode_steps, ignore_eos=True, detokenize=False))
     for _ in range(4 + args.batch // 8):  # prefill, then into steady decode
         llm.engine.step()
     host = host_ms(llm, args.steps)
