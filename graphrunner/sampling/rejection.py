@@ -42,17 +42,38 @@ def _accept_uniform(k1, k2):
 
 
 @triton.jit
+def _request_header(b, cu_ptr, num_drafts_ptr, temperature_ptr, seeds_ptr, positions_ptr):
+    # request b's first logits row (int64), draft count, temperature (1 when greedy), greedy flag, seed and the RNG
+    # position of its first row
+    temp = tl.load(temperature_ptr + b)
+    greedy = temp == 0.0
+    return (tl.load(cu_ptr + b).to(tl.int64), tl.load(num_drafts_ptr + b), tl.where(greedy, 1.0, temp), greedy,
+            tl.load(seeds_ptr + b), tl.load(positions_ptr + b))
+
+
+@triton.jit
+def _online_softmax(m, s, z):
+    # one block z into the online max m and sum s of exp(z - m); rows of -inf keep (-inf, 0) without NaN
+    new_m = tl.maximum(m, tl.max(z, axis=0))
+    safe_m = tl.where(new_m == float("-inf"), 0.0, new_m)
+    return new_m, s * tl.exp(m - safe_m) + tl.sum(tl.exp(z - safe_m), axis=0)
+
+
+@triton.jit
+def _draft_prob(row_ptr, d, vocab_size, temp, m, s):
+    # p(d) = exp(x_d / temp - m) / s; a draft outside the vocabulary gets 0 (NaN on an all -inf row: never accepted)
+    in_vocab = (d >= 0) & (d < vocab_size)
+    return tl.exp(tl.load(row_ptr + d, mask=in_vocab, other=float("-inf")) / temp - m) / s
+
+
+@triton.jit
 def _softmax_stats(row_ptr, vocab_size, temp, BLOCK_V: tl.constexpr):
     # Online max m and sum s of exp(x / temp - m) over the row; rows of -inf give (-inf, 0) without NaN.
     m = tl.full((), float("-inf"), tl.float32)
     s = tl.full((), 0.0, tl.float32)
     for v0 in range(0, vocab_size, BLOCK_V):
         offs = v0 + tl.arange(0, BLOCK_V)
-        z = tl.load(row_ptr + offs, mask=offs < vocab_size, other=float("-inf")) / temp
-        new_m = tl.maximum(m, tl.max(z, axis=0))
-        safe_m = tl.where(new_m == float("-inf"), 0.0, new_m)
-        s = s * tl.exp(m - safe_m) + tl.sum(tl.exp(z - safe_m), axis=0)
-        m = new_m
+        m, s = _online_softmax(m, s, tl.load(row_ptr + offs, mask=offs < vocab_size, other=float("-inf")) / temp)
     return m, s
 
 
@@ -113,14 +134,8 @@ def _rejection_kernel(
     BLOCK_V: tl.constexpr,
 ):
     b = tl.program_id(0)
-    first = tl.load(cu_ptr + b).to(tl.int64)
-    n = tl.load(num_drafts_ptr + b)
-    temp = tl.load(temperature_ptr + b)
-    greedy = temp == 0.0
-    sampled = temp != 0.0
-    temp = tl.where(greedy, 1.0, temp)
-    seed = tl.load(seeds_ptr + b)
-    pos0 = tl.load(positions_ptr + b)
+    first, n, temp, greedy, seed, pos0 = _request_header(b, cu_ptr, num_drafts_ptr, temperature_ptr, seeds_ptr,
+                                                         positions_ptr)
     j = tl.full((), 0, tl.int32)
     go = tl.full((), 1, tl.int32)
     while go != 0:
@@ -130,13 +145,13 @@ def _rejection_kernel(
         is_draft = j < n
         d = tl.load(draft_ids_ptr + b.to(tl.int64) * stride_draft + j, mask=is_draft, other=-1)
         in_vocab = (d >= 0) & (d < vocab_size)
-        sampled_draft = is_draft & sampled
+        sampled_draft = is_draft & (greedy == 0)
         m = tl.full((), 0.0, tl.float32)
         s = tl.full((), 1.0, tl.float32)
         acc_s = tl.full((), 0, tl.int32)
         if sampled_draft:  # accept with probability min(1, p(d) / q(d)): u * q(d) < p(d)
             m, s = _softmax_stats(row_ptr, vocab_size, temp, BLOCK_V)
-            p_d = tl.exp(tl.load(row_ptr + d, mask=in_vocab, other=float("-inf")) / temp - m) / s
+            p_d = _draft_prob(row_ptr, d, vocab_size, temp, m, s)
             if HAS_Q:
                 q_d = tl.load(q_row_ptr + d, mask=in_vocab, other=0.0)
             else:

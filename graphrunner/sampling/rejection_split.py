@@ -24,6 +24,9 @@ from graphrunner.sampling.rejection import (
     _accept_uniform,
     _argmax_update,
     _check_args,
+    _draft_prob,
+    _online_softmax,
+    _request_header,
     rejection_sample_ref,
     rejection_sample_triton,
 )
@@ -56,13 +59,11 @@ def _rejection_partial_kernel(
     b = tl.program_id(0)
     j = tl.program_id(1)
     c = tl.program_id(2)
-    first = tl.load(cu_ptr + b)
+    first, n, temp, greedy, seed, pos0 = _request_header(b, cu_ptr, num_drafts_ptr, temperature_ptr, seeds_ptr,
+                                                         positions_ptr)
     if j < tl.load(cu_ptr + b + 1) - first:
-        temp = tl.load(temperature_ptr + b)
-        greedy = temp == 0.0
-        temp = tl.where(greedy, 1.0, temp)
-        key1, key2 = _row_keys(tl.load(seeds_ptr + b), tl.load(positions_ptr + b) + j)
-        is_draft = j < tl.load(num_drafts_ptr + b)
+        key1, key2 = _row_keys(seed, pos0 + j)
+        is_draft = j < n
         d = tl.load(draft_ids_ptr + b.to(tl.int64) * stride_draft + j, mask=is_draft, other=-1)
         softmax = is_draft & (greedy == 0)  # a sampled draft row: the walk needs p(d)
         row_ptr = logits_ptr + (first + j).to(tl.int64) * stride_logits
@@ -86,11 +87,7 @@ def _rejection_partial_kernel(
             best_val, best_idx = _argmax_update(plain, v0, best_val, best_idx)
             res_val, res_idx = _argmax_update(tl.where(offs == d, float("-inf"), plain), v0, res_val, res_idx)
             if softmax:  # online max and sum of exp(x / temp - m), as rejection._softmax_stats
-                z = x / temp
-                new_m = tl.maximum(m, tl.max(z, axis=0))
-                safe_m = tl.where(new_m == float("-inf"), 0.0, new_m)
-                s = s * tl.exp(m - safe_m) + tl.sum(tl.exp(z - safe_m), axis=0)
-                m = new_m
+                m, s = _online_softmax(m, s, x / temp)
         cell = (b.to(tl.int64) * k1 + j) * num_chunks + c
         tl.store(part_f_ptr + cell * 4 + 0, best_val)
         tl.store(part_f_ptr + cell * 4 + 1, res_val)
@@ -131,14 +128,8 @@ def _rejection_walk_kernel(
     C_PAD: tl.constexpr,
 ):
     b = tl.program_id(0)
-    first = tl.load(cu_ptr + b).to(tl.int64)
-    n = tl.load(num_drafts_ptr + b)
-    temp = tl.load(temperature_ptr + b)
-    greedy = temp == 0.0
-    sampled = temp != 0.0
-    temp = tl.where(greedy, 1.0, temp)
-    seed = tl.load(seeds_ptr + b)
-    pos0 = tl.load(positions_ptr + b)
+    first, n, temp, greedy, seed, pos0 = _request_header(b, cu_ptr, num_drafts_ptr, temperature_ptr, seeds_ptr,
+                                                         positions_ptr)
     offs = tl.arange(0, C_PAD)
     msk = offs < num_chunks
     j = tl.full((), 0, tl.int32)
@@ -148,7 +139,7 @@ def _rejection_walk_kernel(
         _, plain_tok = _pick_of(part_f_ptr, part_i_ptr, cell0, offs, msk, 0)
         is_draft = j < n
         d = tl.load(draft_ids_ptr + b.to(tl.int64) * stride_draft + j, mask=is_draft, other=-1)
-        sampled_draft = is_draft & sampled
+        sampled_draft = is_draft & (greedy == 0)
         tok = plain_tok
         acc_s = tl.full((), 0, tl.int32)
         if sampled_draft:  # accept with probability min(1, p(d)) (one-hot q): u < p(d)
@@ -157,9 +148,7 @@ def _rejection_walk_kernel(
             mx = tl.max(ms, axis=0)
             safe = tl.where(mx == float("-inf"), 0.0, mx)
             total = tl.sum(ss * tl.exp(ms - safe), axis=0)
-            in_vocab = (d >= 0) & (d < vocab_size)
-            x_d = tl.load(logits_ptr + (first + j) * stride_logits + d, mask=in_vocab, other=float("-inf"))
-            p_d = tl.exp(x_d / temp - mx) / total
+            p_d = _draft_prob(logits_ptr + (first + j) * stride_logits, d, vocab_size, temp, mx, total)
             key1, key2 = _row_keys(seed, pos0 + j)
             acc_s = (_accept_uniform(key1, key2) < p_d).to(tl.int32)
             res_best, res_tok = _pick_of(part_f_ptr, part_i_ptr, cell0, offs, msk, 1)
