@@ -30,6 +30,7 @@ from capture import cuda_piece
 from capture.cuda_piece import GraphPiece, fast_capture, piecewise_graphs, weak_alias
 from graphrunner.attention.triton_attention import choose_num_splits, query_tiles
 from graphrunner.input_prep import StepBuffers
+from graphrunner.models.gemv import MAX_M as SMALL_M_TOKENS
 from graphrunner.step_plan import StepBodies, StepMode, StepPlan
 from model_states.base import ModelState
 
@@ -90,7 +91,9 @@ class CaptureManager:
             p = self.full_sizes[bisect.bisect_left(self.full_sizes, num_reqs)]
             want = self._long_splits(p, q, max_seq_len)  # the same tiles as the captured graphs count
             return StepPlan(StepMode.FULL, p, p * q, self._long_splits(p, q) if want > 1 else 1)
-        if mixed_ok and num_tokens > 0:
+        # A step of <= MAX_M tokens keeps a token bucket of <= MAX_M (piecewise): padded into a 64-token mixed
+        # graph its linears would leave the small-M GEMV for cuBLAS, and its bits would differ from eager's.
+        if mixed_ok and num_tokens > SMALL_M_TOKENS:
             fits = [(t, p) for p, t in self.mixed_sizes if p >= num_reqs and t >= num_tokens]
             if fits:
                 t, p = min(fits)

@@ -1,9 +1,7 @@
-"""Tests for graphrunner.models.gemv (the small-M Triton linear; measured, not wired into the models): Triton ==
-float32-accumulating PyTorch reference on awkward M/N/K (split-K and not, dot and reduce paths, bias), edge sizes,
-bad input, the custom op's fake impl (torch.library.opcheck) and its trace with a dynamic token count.
-
-CPU runs Triton in interpreter mode, whose tl.dot mishandles bf16: there the tensor-core path is checked in fp16
-and bf16 goes through the reduce path; on CUDA every combination runs.
+"""Tests for graphrunner.models.gemv (the small-M Triton linear behind `linear()` for tuned shapes): Triton ==
+float32-accumulating PyTorch reference on awkward M/N/K (split-K and not, bias), rows bit-equal whatever M
+(batch invariance), edge sizes, bad input, the tuned table, the routing in `linear()`, the custom op's fake impl
+(torch.library.opcheck) and its trace with a dynamic token count.
 """
 
 from __future__ import annotations
@@ -17,7 +15,8 @@ import torch.nn.functional as F
 import triton
 
 from graphrunner.models import gemv
-from graphrunner.models.gemv import GemvConfig, default_config, gemv_ref, gemv_triton, load_tuned_configs, pick_config
+from graphrunner.models import linear as linear_mod
+from graphrunner.models.gemv import GemvConfig, default_config, gemv_ref, gemv_triton, load_tuned_configs
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = {torch.bfloat16: {"rtol": 1.6e-2, "atol": 1e-2}, torch.float16: {"rtol": 1e-3, "atol": 1e-3}}
@@ -31,41 +30,48 @@ def _data(m: int, n: int, k: int, dtype: torch.dtype, seed: int, bias: bool):
     return x, w, b
 
 
-def _dtypes(use_dot: bool) -> list[torch.dtype]:
-    return [torch.float16] if use_dot and DEVICE == "cpu" else [torch.bfloat16, torch.float16]
-
-
 CASES = [  # m, n, k, config (None: default_config)
     (1, 1, 1, None),
     (1, 37, 50, None),
     (3, 100, 300, None),
     (8, 70, 1030, GemvConfig(16, 64, 4)),  # split-K, last split short
-    (5, 33, 200, GemvConfig(32, 32, 3, use_dot=False)),
-    (2, 17, 15, GemvConfig(16, 16, 1, use_dot=False)),
-    (7, 130, 129, GemvConfig(64, 16, 5)),  # more splits than fit: k_per_split rounds up, no empty split
-    (1, 50, 1000, GemvConfig(16, 128, 2, use_dot=False)),
-    (6, 90, 700, GemvConfig(32, 64, 3, serial_reduce=True)),  # the last split of each tile sums in-kernel
-    (1, 40, 513, GemvConfig(16, 64, 4, use_dot=False, serial_reduce=True)),
+    (5, 33, 200, GemvConfig(32, 32, 3)),
+    (2, 17, 15, GemvConfig(1, 16, 1)),  # one output feature per program
+    (7, 130, 129, GemvConfig(4, 16, 5)),  # more splits than fit: k_per_split rounds up, no empty split
+    (1, 50, 1000, GemvConfig(8, 128, 2, num_warps=2)),
+    (6, 90, 700, GemvConfig(2, 256, 3, num_stages=3)),
+    (1, 40, 513, GemvConfig(16, 64, 4, num_warps=8)),
 ]
 
 
 @pytest.mark.parametrize(("m", "n", "k", "config"), CASES)
 @pytest.mark.parametrize("bias", [False, True])
 def test_triton_matches_reference(m: int, n: int, k: int, config: GemvConfig | None, bias: bool) -> None:
-    for dtype in _dtypes(config.use_dot if config is not None else m > 1):
+    for dtype in (torch.bfloat16, torch.float16):
         x, w, b = _data(m, n, k, dtype, seed=m * 1000 + n + k, bias=bias)
         out = gemv_triton(x, w, b, config)
         assert out.shape == (m, n) and out.dtype == dtype
         torch.testing.assert_close(out, gemv_ref(x, w, b), **TOL[dtype])
 
 
-@pytest.mark.parametrize("bias", [False, True])
-def test_serial_reduce_equals_reduce_kernel_bit_for_bit(bias: bool) -> None:
-    x, w, b = _data(3, 200, 900, torch.float16, seed=7, bias=bias)
-    two_kernels = gemv_triton(x, w, b, GemvConfig(16, 64, 4))
+@pytest.mark.parametrize("config", [GemvConfig(4, 64, 1), GemvConfig(8, 32, 3), GemvConfig(1, 128, 2)])
+def test_rows_bit_equal_whatever_m(config: GemvConfig) -> None:
+    """Row i of an M-row call equals the same row alone or in any other M (what keeps graphs == eager when a
+    step is padded from M to the next captured size)."""
+    x, w, b = _data(gemv.MAX_M, 70, 300, torch.bfloat16, seed=11, bias=True)
+    full = gemv_triton(x, w, b, config)
+    for m in range(1, gemv.MAX_M + 1):
+        assert torch.equal(gemv_triton(x[:m], w, b, config), full[:m]), m
+    assert torch.equal(gemv_triton(x[5:6], w, b, config), full[5:6])
+
+
+def test_split_k_counters_reset_across_launches() -> None:
+    x, w, b = _data(3, 200, 900, torch.float16, seed=7, bias=True)
+    first = gemv_triton(x, w, b, GemvConfig(16, 64, 4))
     for _ in range(3):  # the counters reset themselves: repeated launches (graph replays) stay right
-        assert torch.equal(gemv_triton(x, w, b, GemvConfig(16, 64, 4, serial_reduce=True)), two_kernels)
+        assert torch.equal(gemv_triton(x, w, b, GemvConfig(16, 64, 4)), first)
     assert not gemv._counters[x.device].any()
+    torch.testing.assert_close(first, gemv_ref(x, w, b), **TOL[torch.float16])
 
 
 def test_strided_inputs() -> None:
@@ -105,38 +111,61 @@ def test_bad_input_raises_value_error() -> None:
         gemv_triton(x, w, b[:19])
     with pytest.raises(ValueError, match="block_n"):
         GemvConfig(24, 64, 1)
+    with pytest.raises(ValueError, match="block_k"):
+        GemvConfig(4, 8, 1)
     with pytest.raises(ValueError, match="split_k"):
         GemvConfig(16, 64, 0)
+    with pytest.raises(ValueError, match="max_m"):
+        GemvConfig(16, 64, 1, max_m=3)
 
 
-@pytest.mark.parametrize("m", [1, 4, 8])
-@pytest.mark.parametrize(("n", "k"), [(1024, 2048), (4096, 1024), (6144, 1024), (1024, 3072), (151_936, 1024)])
-def test_default_config_is_valid_and_splits_k_only_when_n_is_small(m: int, n: int, k: int) -> None:
-    cfg = default_config(m, n, k, torch.device(DEVICE))
-    assert cfg.block_k <= k and cfg.split_k * cfg.block_k <= k
-    if triton.cdiv(n, cfg.block_n) >= 4 * gemv._num_sms(torch.device(DEVICE)):
+@pytest.mark.parametrize(("n", "k"), [(1024, 2048), (4096, 1024), (6144, 1024), (1024, 3072), (151_936, 1024), (5, 7)])
+def test_default_config_is_valid_and_splits_k_only_when_n_is_small(n: int, k: int) -> None:
+    cfg = default_config(n, k, torch.device(DEVICE))
+    assert cfg.block_k <= max(16, triton.next_power_of_2(k)) and cfg.split_k * cfg.block_k <= max(k, cfg.block_k)
+    if triton.cdiv(n, cfg.block_n) >= 2 * gemv._num_sms(torch.device(DEVICE)):
         assert cfg.split_k == 1
+
+
+def _write_table(path: Path, entries: list[dict]) -> None:
+    path.write_text(json.dumps(entries))
 
 
 def test_tuned_table_lookup(tmp_path: Path) -> None:
     path = tmp_path / "gemv_configs.json"
-    cfg = {"block_n": 32, "block_k": 128, "split_k": 2, "num_warps": 4, "num_stages": 3, "use_dot": True}
-    path.write_text(json.dumps([{"M": 4, "N": 100, "K": 300, "config": cfg, "us": 3.0},
-                                {"M": 8, "N": 100, "K": 300, "config": None, "us": 5.0}]))
+    cfg = {"block_n": 4, "block_k": 128, "split_k": 2, "num_warps": 4, "num_stages": 1, "max_m": 4}
+    _write_table(path, [{"N": 100, "K": 300, "config": cfg}, {"N": 50, "K": 300, "config": None}])
     table = load_tuned_configs(path)
-    dev = torch.device(DEVICE)
-    assert pick_config(3, 100, 300, dev, table) == GemvConfig(32, 128, 2)  # the smallest tuned M >= 3
-    assert pick_config(4, 100, 300, dev, table) == GemvConfig(32, 128, 2)
-    assert pick_config(6, 100, 300, dev, table) is None  # cuBLAS won there
-    assert pick_config(2, 100, 301, dev, table) == default_config(2, 100, 301, dev)  # untuned shape
-    path.write_text(json.dumps([{"M": 4, "N": 100}]))
+    assert table == {(100, 300): GemvConfig(4, 128, 2, max_m=4), (50, 300): None}
+    _write_table(path, [{"N": 100}])
+    with pytest.raises(ValueError, match="bad GEMV config file"):
+        load_tuned_configs(path)
+    _write_table(path, [{"N": 100, "K": 3, "config": {**cfg, "max_m": 5}}])
     with pytest.raises(ValueError, match="bad GEMV config file"):
         load_tuned_configs(path)
 
 
-def test_custom_op_falls_back_above_max_m_and_passes_opcheck() -> None:
+def test_linear_routes_only_tuned_cuda_shapes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`linear()` calls the op only for a CUDA bf16/fp16 weight whose (N, K) has a config (on CPU: plain F.linear);
+    the op then runs the GEMV up to the config's max_m and cuBLAS above it."""
+    x, w, b = _data(3, 24, 40, torch.bfloat16, seed=4, bias=True)
+    table = {(24, 40): GemvConfig(4, 32, 1, max_m=2)}
+    monkeypatch.setattr(gemv, "tuned_configs", lambda: table)
+    assert gemv.routed_config(w) == (table[(24, 40)] if DEVICE == "cuda" else None)
+    assert gemv.routed_config(w.float()) is None and gemv.routed_config(w[:, :39]) is None
+    monkeypatch.setattr(gemv, "ENABLED", False)
+    assert gemv.routed_config(w) is None
+    torch.testing.assert_close(linear_mod.linear(x, w, b), F.linear(x, w, b))
+    if DEVICE == "cuda":
+        monkeypatch.setattr(gemv, "ENABLED", True)
+        assert torch.equal(linear_mod.linear(x[:2], w, b), gemv_triton(x[:2], w, b, table[(24, 40)]))
+        assert torch.equal(linear_mod.linear(x, w, b), F.linear(x, w, b))  # M = 3 > max_m
+
+
+def test_custom_op_falls_back_and_passes_opcheck(monkeypatch: pytest.MonkeyPatch) -> None:
     x, w, b = _data(gemv.MAX_M + 1, 24, 40, torch.bfloat16, seed=4, bias=True)
     assert torch.equal(torch.ops.graphrunner.small_m_linear(x, w, b), F.linear(x, w, b))
+    monkeypatch.setattr(gemv, "tuned_configs", lambda: {(24, 40): GemvConfig(8, 32, 2)})
     x32 = x[:3].float()  # float32 never reaches the kernel
     assert torch.equal(torch.ops.graphrunner.small_m_linear(x32, w.float(), None), F.linear(x32, w.float()))
     small = _data(3, 24, 40, torch.float16, seed=5, bias=True)
@@ -146,24 +175,28 @@ def test_custom_op_falls_back_above_max_m_and_passes_opcheck() -> None:
 
 
 @pytest.mark.gpu
-def test_gpu_serial_reduce_under_load() -> None:
-    """Many tiles x splits racing on the counters, repeated: every result equals the two-kernel reduction."""
+def test_gpu_split_k_under_load_and_batch_invariant() -> None:
+    """Many tiles x splits racing on the counters, repeated: every result equals the first, is close to the
+    reference, and each row equals itself computed alone."""
     x, w, b = _data(8, 4096, 3072, torch.bfloat16, seed=8, bias=True)
-    for block_n, block_k in ((16, 128), (32, 64)):
-        expected = gemv_triton(x, w, b, GemvConfig(block_n, block_k, 8))  # same partials, summed by a 2nd kernel
+    for cfg in (GemvConfig(16, 128, 8), GemvConfig(4, 512, 2), GemvConfig(2, 1024, 1, num_warps=8)):
+        expected = gemv_triton(x, w, b, cfg)
         torch.testing.assert_close(expected, gemv_ref(x, w, b), **TOL[torch.bfloat16])
-        for _ in range(200):
-            assert torch.equal(gemv_triton(x, w, b, GemvConfig(block_n, block_k, 8, serial_reduce=True)), expected)
+        for _ in range(100):
+            assert torch.equal(gemv_triton(x, w, b, cfg), expected)
+        for m in range(1, 8):
+            assert torch.equal(gemv_triton(x[:m], w, b, cfg), expected[:m]), (cfg, m)
 
 
-def test_op_traces_with_dynamic_token_count() -> None:
+def test_op_traces_with_dynamic_token_count(monkeypatch: pytest.MonkeyPatch) -> None:
     """fullgraph torch.compile (aot_eager: Dynamo + AOTAutograd over the fake impl) with a symbolic M."""
+    monkeypatch.setattr(gemv, "tuned_configs", lambda: {(24, 40): GemvConfig(8, 32, 2)})
 
     def f(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.silu(torch.ops.graphrunner.small_m_linear(x, w, b)) * 2
 
     compiled = torch.compile(f, backend="aot_eager", dynamic=True, fullgraph=True)
-    for m in (2, 3, 9):  # the Triton path twice (one trace), then cuBLAS/F.linear at run time, same graph
+    for m in (2, 3, 9):  # the GEMV twice on CUDA (one trace), then cuBLAS/F.linear at run time, same graph
         x, w, b = _data(m, 24, 40, torch.float16, seed=m, bias=True)
         expected = F.silu(gemv_ref(x, w, b) if m <= gemv.MAX_M else F.linear(x, w, b)) * 2
         torch.testing.assert_close(compiled(x, w, b), expected, **TOL[torch.float16])

@@ -10,6 +10,10 @@
 #   bash tools/gpu_checks.sh spec-cost  # the proposers' GPU tests, then a k = 4 verify step vs a plain decode step
 #                                       # per proposer on the Qwen3-0.6B shape (carry data/cache/demo_corpus)
 #   bash tools/gpu_checks.sh spec-table # kernel tables of those verify steps next to a plain decode step's (same carry)
+#   bash tools/gpu_checks.sh gemv       # the GEMV kernel tests on CUDA, then its launch-shape sweep vs cuBLAS per
+#                                       # 0.6B layer shape (the tuned table: $OUT/gemv/gemv_configs.json)
+#   bash tools/gpu_checks.sh l1-ab      # GEMV engine tests, then L1/L2: cuBLAS + old attention splits, cuBLAS + new,
+#                                       # GEMV (GEMV_TABLE, default the committed table) + new; kernel table
 #   bash tools/gpu_checks.sh bench2     # T1 with and without penalties, P1 (with profile), L1 step breakdown
 #   bash tools/gpu_checks.sh p1         # P1 alone (hit vs miss TTFT, with profile)
 #   bash tools/gpu_checks.sh p1-rows    # P1 with 128-row split prefill tiles vs 64 (+ the attention tests on CUDA)
@@ -24,7 +28,7 @@
 # limit so the last phase still ends (and is tarred) inside the device call:
 #   DEADLINE=560 bash tools/gpu_checks.sh tests-a tests-b
 set -u
-[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-cost | spec-table | p1 | p1-rows | bench2 | startup | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-cost | spec-table | gemv | l1-ab | p1 | p1-rows | bench2 | startup | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
 OUT=${OUT:-/tmp/out}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 END=$(( $(date +%s) + ${DEADLINE:-100000} ))
@@ -147,6 +151,29 @@ spec-table)
     T 150 python3 tools/bench_step_breakdown.py --model /tmp/q06 --profile-steps 100 --speculative-method "$m" \
       --draft-model "$d" --json "$R/verify_$m.json" --trace "/tmp/trace_$m.json" > "$R/verify_$m.log" 2>&1
   done
+  ;;
+gemv)
+  # issue 17: the small-M GEMV against its reference on CUDA (batch invariance under load included), then every
+  # candidate launch shape at M = 1 and the best six at M = 1, 2, 4, 8 against cuBLAS, per 0.6B layer shape
+  T 150 python3 -m pytest -q -p no:cacheprovider tests/test_gemv.py > "$R/pytest_gemv.log" 2>&1
+  echo "pytest rc=$?" >> "$R/pytest_gemv.log"
+  T 480 python3 tools/bench_kernels.py --only gemv --sweep --shapes "qkv,o 2048,gate_up,down" --ms 1,2,4,8 \
+    --tuned-out "$R/gemv_configs.json" --json "$R/bench_gemv.json" > "$R/bench_gemv.log" 2>&1
+  cp "$R/gemv_configs.json" /tmp/gemv_configs.json  # for l1-ab on the same warm machine (GEMV_TABLE=...)
+  ;;
+l1-ab)
+  model
+  gt=${GEMV_TABLE:-graphrunner/models/gemv_configs.json}
+  T 240 python3 -m pytest -q -p no:cacheprovider -m gpu --durations=5 tests/test_gpu_gemv_engine.py \
+    > "$R/pytest_gemv_engine.log" 2>&1
+  echo "pytest rc=$?" >> "$R/pytest_gemv_engine.log"
+  lat() { T 130 python3 tools/bench_latency.py --model /tmp/q06 --no-peer --workloads L1,L2 --batch-sizes 8 \
+    --json "$R/$1.json" > "$R/$1.log" 2>&1; }
+  GRAPHRUNNER_GEMV=0 GRAPHRUNNER_ATTN_SPLIT_MIN_LEN=1024 GRAPHRUNNER_ATTN_SPLIT_MIN_KEYS=256 lat base
+  GRAPHRUNNER_GEMV=0 lat attn
+  GRAPHRUNNER_GEMV_CONFIGS=$gt lat gemv
+  GRAPHRUNNER_GEMV_CONFIGS=$gt T 150 python3 tools/bench_step_breakdown.py --model /tmp/q06 \
+    --json "$R/step_breakdown.json" > "$R/step_breakdown.log" 2>&1
   ;;
 p1)
   model

@@ -28,6 +28,13 @@ SPLIT_PREFILL_ROWS = int(env_number("GRAPHRUNNER_ATTN_SPLIT_ROWS", 64, integer=T
                                     valid=lambda v: v in (64, 128)))
 MAX_SPLITS = int(env_number("GRAPHRUNNER_ATTN_MAX_SPLITS", 16, integer=True, rule="in [1, 64]",
                             valid=lambda v: 1 <= v <= 64))
+# Decode-style launches split the KV range only from this context length on, and into at most one split per
+# SPLIT_MIN_KEYS keys: short-context decode at small batch is latency-bound (H200, bench_attention_splits.py,
+# batch 1 at 330 keys: 12.5 us unsplit, 6.2 us in 6 splits; below 256 keys splitting does not pay).
+SPLIT_MIN_SEQ_LEN = int(env_number("GRAPHRUNNER_ATTN_SPLIT_MIN_LEN", 256, integer=True, rule="in [1, 1048576]",
+                                   valid=lambda v: 1 <= v <= 1 << 20))
+SPLIT_MIN_KEYS = int(env_number("GRAPHRUNNER_ATTN_SPLIT_MIN_KEYS", 64, integer=True, rule="in [16, 65536]",
+                                valid=lambda v: 16 <= v <= 65536))
 _TARGET_PROGRAMS = 264  # ~2 waves on a 132-SM H200
 
 
@@ -160,16 +167,17 @@ def query_tiles(max_query_len: int, group: int) -> int:
 
 
 def choose_num_splits(num_reqs: int, num_kv_heads: int, max_seq_len: int) -> int:
-    """KV splits: enough programs for ~2 waves, only when contexts are long. `num_reqs` counts
-    (request, query tile) pairs: a short prefill chunk over a long cached prefix splits like a decode.
+    """KV splits: enough programs for ~2 waves (_TARGET_PROGRAMS), at most MAX_SPLITS and one per SPLIT_MIN_KEYS
+    keys, and only when max_seq_len >= SPLIT_MIN_SEQ_LEN. `num_reqs` counts (request, query tile) pairs: a short
+    prefill chunk over a long cached prefix splits like a decode.
 
     Depends on host-known sizes only, so a captured shape keeps one grid; the span each split covers
     is computed on the device from each request's own length.
     """
     programs = max(1, num_reqs * num_kv_heads)
-    if max_seq_len < 1024 or programs >= _TARGET_PROGRAMS:
+    if max_seq_len < SPLIT_MIN_SEQ_LEN or programs >= _TARGET_PROGRAMS:
         return 1
-    return max(1, min(MAX_SPLITS, -(-_TARGET_PROGRAMS // programs), -(-max_seq_len // 256)))
+    return max(1, min(MAX_SPLITS, -(-_TARGET_PROGRAMS // programs), -(-max_seq_len // SPLIT_MIN_KEYS)))
 
 
 def unified_attention(query: torch.Tensor, layer_cache: torch.Tensor, meta: AttentionMetadata, scale: float,

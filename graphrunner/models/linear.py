@@ -1,5 +1,6 @@
-"""Linear layers: `linear` (F.linear: cuBLAS measured faster than the small-M Triton GEMV in models/gemv.py at
-the 0.6B shapes on the H200, see docs/DECISIONS.md), `Linear` (nn.Linear that calls it) and `MergedLinear`, whose output is several HF projections stacked along the output dimension.
+"""Linear layers: `linear` (cuBLAS, or the small-M Triton GEMV of models/gemv.py for the weight shapes whose
+measured H200 config is in gemv_configs.json; docs/DECISIONS.md), `Linear` (nn.Linear that calls it) and
+`MergedLinear`, whose output is several HF projections stacked along the output dimension.
 
 `output_sizes` records the stacked pieces in order, so the loader can copy each checkpoint shard
 (`q_proj`, `k_proj`, `v_proj` or `gate_proj`, `up_proj`) into its slice of the fused weight/bias.
@@ -13,9 +14,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from graphrunner.models.gemv import routed_config
+
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x [..., K] @ weight [N, K]^T (+ bias [N]) -> [..., N]; the one place a faster small-M kernel would plug in."""
+    """x [..., K] @ weight [N, K]^T (+ bias [N]) -> [..., N]. A weight with a tuned GEMV config goes through the
+    opaque op `graphrunner::small_m_linear`, which picks the GEMV or cuBLAS from the token count at run time."""
+    if x.dim() == 2 and routed_config(weight) is not None:
+        return torch.ops.graphrunner.small_m_linear(x, weight, bias)
     return F.linear(x, weight, bias)
 
 
