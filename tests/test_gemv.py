@@ -151,15 +151,32 @@ def test_linear_routes_only_tuned_cuda_shapes(monkeypatch: pytest.MonkeyPatch) -
     x, w, b = _data(3, 24, 40, torch.bfloat16, seed=4, bias=True)
     table = {(24, 40): GemvConfig(4, 32, 1, max_m=2)}
     monkeypatch.setattr(gemv, "tuned_configs", lambda: table)
-    assert gemv.routed_config(w) == (table[(24, 40)] if DEVICE == "cuda" else None)
-    assert gemv.routed_config(w.float()) is None and gemv.routed_config(w[:, :39]) is None
+    assert gemv.is_tuned(24, 40) and not gemv.is_tuned(24, 39)
+    assert gemv.routes_to_gemv(w) == (DEVICE == "cuda")
+    assert not gemv.routes_to_gemv(w.float()) and not gemv.routes_to_gemv(w[:, :39])
     monkeypatch.setattr(gemv, "ENABLED", False)
-    assert gemv.routed_config(w) is None
+    assert not gemv.routes_to_gemv(w)
     torch.testing.assert_close(linear_mod.linear(x, w, b), F.linear(x, w, b))
     if DEVICE == "cuda":
         monkeypatch.setattr(gemv, "ENABLED", True)
         assert torch.equal(linear_mod.linear(x[:2], w, b), gemv_triton(x[:2], w, b, table[(24, 40)]))
         assert torch.equal(linear_mod.linear(x, w, b), F.linear(x, w, b))  # M = 3 > max_m
+
+
+def test_table_read_from_file_is_a_trace_time_constant(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """fullgraph torch.compile over code asking is_tuned: the file is read outside the trace, the answer baked in."""
+    path = tmp_path / "gemv_configs.json"
+    _write_table(path, [{"N": 24, "K": 40, "config": {"block_n": 4, "block_k": 32}}])
+    monkeypatch.setenv("GRAPHRUNNER_GEMV_CONFIGS", str(path))
+    gemv.tuned_configs.cache_clear()
+    try:
+        def f(x: torch.Tensor) -> torch.Tensor:
+            return x * 2 if gemv.is_tuned(24, 40) else x * 3
+
+        compiled = torch.compile(f, backend="aot_eager", fullgraph=True)
+        assert torch.equal(compiled(torch.ones(3)), torch.full((3,), 2.0))
+    finally:
+        gemv.tuned_configs.cache_clear()
 
 
 def test_custom_op_falls_back_and_passes_opcheck(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,5 +1,5 @@
 """The small-M GEMV inside the engine (`-m gpu`): with every linear of a tiny bf16 Qwen3 routed to it (a tuned
-table built from the model's shapes), eager, PIECEWISE and FULL give identical greedy tokens (batches at, below
+table built from the model's shapes), compiled without graphs, PIECEWISE and FULL give identical greedy tokens (batches at, below
 and above its 8-token limit, prompts from 2 tokens), the Triton kernel really runs, and its tokens sit within the
 cuBLAS engine's top-5 at the first divergence.
 """
@@ -19,7 +19,8 @@ from graphrunner.models import gemv
 
 pytestmark = pytest.mark.gpu
 
-MODES = {"eager": {"enforce_eager": True}, "piecewise": {"cudagraph_mode": "piecewise"}, "full": {}}
+# compiled without graphs is the reference: bf16 plain-PyTorch eager rounds its norms differently from Inductor
+MODES = {"compiled": {"cudagraph_mode": "none"}, "piecewise": {"cudagraph_mode": "piecewise"}, "full": {}}
 NEW_TOKENS = 12
 
 
@@ -79,18 +80,19 @@ def test_modes_identical_with_gemv(engines: dict[str, LLM], gemv_calls: list[int
     before = gemv_calls[0]
     results = {name: [o.outputs[0].token_ids for o in llm.generate(_prompts(batch, batch), params)]
                for name, llm in engines.items()}
-    assert gemv_calls[0] > before  # eager decode steps went through the Triton GEMV
-    assert results["piecewise"] == results["eager"]
-    assert results["full"] == results["eager"]
+    if batch <= gemv.MAX_M:
+        assert gemv_calls[0] > before  # decode steps went through the Triton GEMV (above 8 tokens: cuBLAS)
+    assert results["piecewise"] == results["compiled"]
+    assert results["full"] == results["compiled"]
 
 
 def test_gemv_tokens_within_cublas_top5(model_dir: Path, engines: dict[str, LLM],
                                         monkeypatch: pytest.MonkeyPatch) -> None:
     prompts = _prompts(4, 7)
     params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True, logprobs=5)
-    ours = [o.outputs[0].token_ids for o in engines["eager"].generate(prompts, params)]
+    ours = [o.outputs[0].token_ids for o in engines["compiled"].generate(prompts, params)]
     monkeypatch.setattr(gemv, "ENABLED", False)
-    ref_llm = LLM(model=model_dir, dtype="bfloat16", max_model_len=256, device="cuda", enforce_eager=True)
+    ref_llm = LLM(model=model_dir, dtype="bfloat16", max_model_len=256, device="cuda", **MODES["compiled"])
     refs = ref_llm.generate(prompts, params)
     for toks, ref in zip(ours, refs):
         ref_toks = ref.outputs[0].token_ids

@@ -169,9 +169,13 @@ l1-ab)
   echo "pytest rc=$?" >> "$R/pytest_gemv_engine.log"
   lat() { T 130 python3 tools/bench_latency.py --model /tmp/q06 --no-peer --workloads L1,L2 --batch-sizes 8 \
     --json "$R/$1.json" > "$R/$1.log" 2>&1; }
-  GRAPHRUNNER_GEMV=0 GRAPHRUNNER_ATTN_SPLIT_MIN_LEN=1024 GRAPHRUNNER_ATTN_SPLIT_MIN_KEYS=256 lat base
-  GRAPHRUNNER_GEMV=0 lat attn
-  GRAPHRUNNER_GEMV_CONFIGS=$gt lat gemv
+  for run in ${L1_RUNS:-base attn gemv}; do
+    case $run in
+      base) GRAPHRUNNER_GEMV=0 GRAPHRUNNER_ATTN_SPLIT_MIN_LEN=1024 GRAPHRUNNER_ATTN_SPLIT_MIN_KEYS=256 lat base ;;
+      attn) GRAPHRUNNER_GEMV=0 lat attn ;;
+      gemv) GRAPHRUNNER_GEMV_CONFIGS=$gt lat gemv ;;
+    esac
+  done
   GRAPHRUNNER_GEMV_CONFIGS=$gt T 150 python3 tools/bench_step_breakdown.py --model /tmp/q06 \
     --json "$R/step_breakdown.json" > "$R/step_breakdown.log" 2>&1
   ;;

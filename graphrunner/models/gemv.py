@@ -70,12 +70,19 @@ def tuned_configs() -> dict[tuple[int, int], GemvConfig | None]:
     return load_tuned_configs(path) if path else {}
 
 
-def routed_config(weight: Tensor) -> GemvConfig | None:
-    """The tuned config `linear()` uses for this CUDA weight, or None (cuBLAS): untuned shapes, other dtypes, CPU,
-    or GRAPHRUNNER_GEMV=0. Decided from metadata only, at trace time."""
+@torch.compiler.assume_constant_result
+def is_tuned(n: int, k: int) -> bool:
+    """Whether W [N, K] has a GEMV config. Dynamo calls this at trace time and keeps the answer as a constant
+    (tracing into it would trace the table's file read)."""
+    return tuned_configs().get((n, k)) is not None
+
+
+def routes_to_gemv(weight: Tensor) -> bool:
+    """Whether `linear()` sends this weight to the small-M op: a CUDA bf16/fp16 [N, K] weight with a tuned config,
+    unless GRAPHRUNNER_GEMV=0. Decided from metadata only, at trace time."""
     if not ENABLED or weight.device.type != "cuda" or weight.dtype not in _DTYPES or weight.dim() != 2:
-        return None
-    return tuned_configs().get((weight.shape[0], weight.shape[1]))
+        return False
+    return is_tuned(int(weight.shape[0]), int(weight.shape[1]))
 
 
 def default_config(n: int, k: int, device: torch.device) -> GemvConfig:

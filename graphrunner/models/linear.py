@@ -14,13 +14,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from graphrunner.models.gemv import routed_config
+from graphrunner.models.gemv import routes_to_gemv
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [..., K] @ weight [N, K]^T (+ bias [N]) -> [..., N]. A weight with a tuned GEMV config goes through the
     opaque op `graphrunner::small_m_linear`, which picks the GEMV or cuBLAS from the token count at run time."""
-    if x.dim() == 2 and routed_config(weight) is not None:
+    if x.dim() == 2 and routes_to_gemv(weight):
         return torch.ops.graphrunner.small_m_linear(x, weight, bias)
     return F.linear(x, weight, bias)
 
