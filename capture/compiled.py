@@ -65,9 +65,44 @@ def _configure_dynamo() -> None:
         fx_config.backed_size_oblivious = True
 
 
+def parse_inductor_overrides(raw: str) -> dict[str, bool | int | float | str]:
+    """"name=value,name=value" (GRAPHRUNNER_INDUCTOR_CONFIG) -> {name: value} for torch._inductor.config, values
+    read as bool (true/false), int, float or else a string; ValueError naming a malformed item or unknown name.
+    For A/Bs of Inductor's options (e.g. combo_kernels=1, coordinate_descent_tuning=1) without code changes."""
+    out: dict[str, bool | int | float | str] = {}
+    for item in filter(None, (part.strip() for part in raw.split(","))):
+        name, sep, text = item.partition("=")
+        name, text = name.strip(), text.strip()
+        if not sep or not name or not text:
+            raise ValueError(f"GRAPHRUNNER_INDUCTOR_CONFIG items are name=value, got {item!r}")
+        if not hasattr(torch._inductor.config, name):
+            raise ValueError(f"GRAPHRUNNER_INDUCTOR_CONFIG: torch._inductor.config has no option {name!r}")
+        value: bool | int | float | str
+        if text.lower() in ("true", "false"):
+            value = text.lower() == "true"
+        else:
+            try:
+                value = int(text)
+            except ValueError:
+                try:
+                    value = float(text)
+                except ValueError:
+                    value = text
+        if isinstance(getattr(torch._inductor.config, name), bool) and value in (0, 1):
+            value = bool(value)
+        out[name] = value
+    return out
+
+
+def _configure_inductor() -> None:
+    for name, value in parse_inductor_overrides(os.environ.get("GRAPHRUNNER_INDUCTOR_CONFIG", "")).items():
+        setattr(torch._inductor.config, name, value)
+
+
 def compile_model(model: nn.Module, backend: PiecewiseBackend | None = None) -> nn.Module:
     """The model behind torch.compile with the piecewise backend (attention stays outside the pieces)."""
     _configure_dynamo()
+    _configure_inductor()
     return torch.compile(model, backend=backend or PiecewiseBackend(), fullgraph=True, dynamic=True)
 
 

@@ -18,10 +18,11 @@ from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.fx.passes.split_module import split_module
 
-import graphrunner.attention.layer  # noqa: F401  (registers torch.ops.graphrunner.paged_attention)
+import graphrunner.attention.layer  # noqa: F401  (registers torch.ops.graphrunner.paged_attention*)
 from capture.cuda_piece import GraphPiece
 
-SPLIT_OPS = (torch.ops.graphrunner.paged_attention, torch.ops.graphrunner.paged_attention.default)
+SPLIT_OPS = (torch.ops.graphrunner.paged_attention, torch.ops.graphrunner.paged_attention.default,
+             torch.ops.graphrunner.paged_attention_qkv, torch.ops.graphrunner.paged_attention_qkv.default)
 
 
 def is_split_node(node: fx.Node) -> bool:

@@ -14,6 +14,9 @@
 #                                       # 0.6B layer shape (the tuned table: $OUT/gemv/gemv_configs.json)
 #   bash tools/gpu_checks.sh l1-ab      # GEMV engine tests, then L1/L2: cuBLAS + old attention splits, cuBLAS + new,
 #                                       # GEMV (GEMV_TABLE, default the committed table) + new; kernel table
+#                                       # (L1_RUNS picks among base attn gemv fused combo cdt; fused = the one-kernel
+#                                       # q/k-norm + rope + KV write, combo/cdt = Inductor options)
+#   bash tools/gpu_checks.sh fused-tests # qkv_prep on CUDA, then the GPU engine and capture tests with it on
 #   bash tools/gpu_checks.sh bench2     # T1 with and without penalties, P1 (with profile), L1 step breakdown
 #   bash tools/gpu_checks.sh p1         # P1 alone (hit vs miss TTFT, with profile)
 #   bash tools/gpu_checks.sh p1-rows    # P1 with 128-row split prefill tiles vs 64 (+ the attention tests on CUDA)
@@ -28,7 +31,7 @@
 # limit so the last phase still ends (and is tarred) inside the device call:
 #   DEADLINE=560 bash tools/gpu_checks.sh tests-a tests-b
 set -u
-[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-cost | spec-table | gemv | l1-ab | p1 | p1-rows | bench2 | startup | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-cost | spec-table | gemv | l1-ab | fused-tests | p1 | p1-rows | bench2 | startup | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
 OUT=${OUT:-/tmp/out}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 END=$(( $(date +%s) + ${DEADLINE:-100000} ))
@@ -174,10 +177,20 @@ l1-ab)
       base) GRAPHRUNNER_GEMV=0 GRAPHRUNNER_ATTN_SPLIT_MIN_LEN=1024 GRAPHRUNNER_ATTN_SPLIT_MIN_KEYS=256 lat base ;;
       attn) GRAPHRUNNER_GEMV=0 lat attn ;;
       gemv) GRAPHRUNNER_GEMV_CONFIGS=$gt lat gemv ;;
+      fused) GRAPHRUNNER_GEMV_CONFIGS=$gt GRAPHRUNNER_FUSED_QKV_PREP=1 lat fused ;;
+      combo) GRAPHRUNNER_GEMV_CONFIGS=$gt GRAPHRUNNER_INDUCTOR_CONFIG=combo_kernels=1 lat combo ;;
+      cdt) GRAPHRUNNER_GEMV_CONFIGS=$gt GRAPHRUNNER_INDUCTOR_CONFIG=coordinate_descent_tuning=1 lat cdt ;;
     esac
   done
   GRAPHRUNNER_GEMV_CONFIGS=$gt T 150 python3 tools/bench_step_breakdown.py --model /tmp/q06 \
     --json "$R/step_breakdown.json" > "$R/step_breakdown.log" 2>&1
+  ;;
+fused-tests)
+  T 120 python3 -m pytest -q -p no:cacheprovider tests/test_qkv_prep.py > "$R/pytest_qkv_prep.log" 2>&1
+  echo "pytest rc=$?" >> "$R/pytest_qkv_prep.log"
+  GRAPHRUNNER_FUSED_QKV_PREP=1 T 400 python3 -m pytest -q -p no:cacheprovider -m gpu --durations=5 \
+    tests/test_gpu_engine.py tests/test_gpu_capture.py tests/test_spec_eagle.py > "$R/pytest_gpu_fused.log" 2>&1
+  echo "pytest rc=$?" >> "$R/pytest_gpu_fused.log"
   ;;
 p1)
   model

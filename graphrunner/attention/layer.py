@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from graphrunner.attention.context import get_forward_context
+from graphrunner.attention.qkv_prep import qkv_prep_ref, qkv_prep_triton
 from graphrunner.attention.reference import paged_attention_ref, write_kv_ref
 from graphrunner.attention.triton_attention import (
     choose_num_splits,
@@ -20,6 +21,30 @@ from graphrunner.attention.triton_attention import (
     unified_attention,
     write_kv_triton,
 )
+from graphrunner.env import env_choice
+
+# GRAPHRUNNER_FUSED_QKV_PREP=1: models hand attention the fused qkv row and their q/k norms, and one kernel
+# (attention/qkv_prep.py) norms, ropes and writes the cache; off until measured on the H200 (docs/DECISIONS.md).
+FUSED_QKV_PREP = env_choice("GRAPHRUNNER_FUSED_QKV_PREP", ("0", "1"), "0") == "1"
+
+
+def _attend(q3: torch.Tensor, out: torch.Tensor, layer_idx: int, num_heads: int, num_kv_heads: int,
+            head_dim: int, scale: float, sliding_window: int) -> None:
+    """q3 [T, Hq, D] over the context's cache layer (this step's K/V already written) -> out [T, Hq*D]."""
+    ctx = get_forward_context()
+    meta = ctx.meta
+    layer_cache = ctx.kv_cache[layer_idx]  # [2, num_blocks, block_size, Hkv, D]
+    t = q3.shape[0]
+    window = None if sliding_window < 0 else sliding_window
+    if ctx.backend == "triton":
+        splits = meta.backend_cache.get("num_splits")
+        if splits is None:  # one choice per step, shared by every layer (a captured graph sets its own)
+            tiles = meta.num_reqs * query_tiles(meta.max_query_len, num_heads // num_kv_heads)
+            splits = choose_num_splits(tiles, num_kv_heads, meta.max_seq_len)
+            meta.backend_cache["num_splits"] = splits
+        unified_attention(q3, layer_cache, meta, scale, window, num_splits=splits, out=out.view(t, num_heads, head_dim))
+    else:
+        out.view(t, num_heads, head_dim).copy_(paged_attention_ref(q3, layer_cache, meta, scale, window))
 
 
 @torch.library.custom_op("graphrunner::paged_attention", mutates_args=("out",))
@@ -33,28 +58,34 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torc
     ordered because each layer's input depends on the previous one's output.
     """
     ctx = get_forward_context()
-    meta = ctx.meta
-    layer_cache = ctx.kv_cache[layer_idx]  # [2, num_blocks, block_size, Hkv, D]
     t = q.shape[0]
-    q3 = q.view(t, num_heads, head_dim)
     k3 = k.view(t, num_kv_heads, head_dim)
     v3 = v.view(t, num_kv_heads, head_dim)
-    window = None if sliding_window < 0 else sliding_window
-    if ctx.backend == "triton":
-        write_kv_triton(k3, v3, layer_cache, meta.slot_mapping)
-        splits = meta.backend_cache.get("num_splits")
-        if splits is None:  # one choice per step, shared by every layer (a captured graph sets its own)
-            tiles = meta.num_reqs * query_tiles(meta.max_query_len, num_heads // num_kv_heads)
-            splits = choose_num_splits(tiles, num_kv_heads, meta.max_seq_len)
-            meta.backend_cache["num_splits"] = splits
-        unified_attention(q3, layer_cache, meta, scale, window, num_splits=splits, out=out.view(t, num_heads, head_dim))
-    else:
-        write_kv_ref(k3, v3, layer_cache, meta.slot_mapping)
-        result = paged_attention_ref(q3, layer_cache, meta, scale, window)
-        out.view(t, num_heads, head_dim).copy_(result)
+    write_kv = write_kv_triton if ctx.backend == "triton" else write_kv_ref
+    write_kv(k3, v3, ctx.kv_cache[layer_idx], ctx.meta.slot_mapping)
+    _attend(q.view(t, num_heads, head_dim), out, layer_idx, num_heads, num_kv_heads, head_dim, scale, sliding_window)
 
 
 @paged_attention.register_fake
+def _(*args: object) -> None:
+    return None
+
+
+@torch.library.custom_op("graphrunner::paged_attention_qkv", mutates_args=("out",))
+def paged_attention_qkv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_norm: torch.Tensor | None,
+                        k_norm: torch.Tensor | None, eps: float, out: torch.Tensor, layer_idx: int, num_heads: int,
+                        num_kv_heads: int, head_dim: int, scale: float, sliding_window: int) -> None:
+    """paged_attention from the fused projection: qkv [T, (Hq + 2 Hkv) D], cos/sin [T, 1, D/2], optional per-head
+    q/k RMSNorm weights [D] -> out [T, Hq*D]. One kernel (qkv_prep) norms, ropes and writes k/v into the cache."""
+    ctx = get_forward_context()
+    prep = qkv_prep_triton if ctx.backend == "triton" else qkv_prep_ref
+    q = prep(qkv, cos, sin, q_norm, k_norm, eps, ctx.kv_cache[layer_idx], ctx.meta.slot_mapping, num_heads,
+             num_kv_heads, head_dim)  # [T, Hq*D]
+    _attend(q.view(q.shape[0], num_heads, head_dim), out, layer_idx, num_heads, num_kv_heads, head_dim, scale,
+            sliding_window)
+
+
+@paged_attention_qkv.register_fake
 def _(*args: object) -> None:
     return None
 
@@ -80,4 +111,14 @@ class Attention(nn.Module):
         out = torch.empty_like(q)  # [T, Hq*D]
         torch.ops.graphrunner.paged_attention(q, k, v, out, self.layer_idx, self.num_heads, self.num_kv_heads,
                                               self.head_dim, self.scale, window)
+        return out
+
+    def forward_qkv(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_norm: torch.Tensor | None,
+                    k_norm: torch.Tensor | None, eps: float) -> torch.Tensor:
+        """qkv [T, (Hq + 2 Hkv) D] straight from the projection, cos/sin [T, 1, D/2], optional q/k norm weights
+        [D] -> [T, Hq*D]: the norms, rope and cache write happen in one kernel inside the op."""
+        window = -1 if self.sliding_window is None else self.sliding_window
+        out = qkv.new_empty(qkv.shape[0], self.num_heads * self.head_dim)  # [T, Hq*D]
+        torch.ops.graphrunner.paged_attention_qkv(qkv, cos, sin, q_norm, k_norm, eps, out, self.layer_idx,
+                                                  self.num_heads, self.num_kv_heads, self.head_dim, self.scale, window)
         return out

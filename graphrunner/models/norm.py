@@ -19,11 +19,16 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., hidden_size] -> same shape and dtype."""
-        input_dtype = x.dtype
-        h = x.to(torch.float32)
-        variance = h.pow(2).mean(-1, keepdim=True)  # [..., 1] float32
-        h = h * torch.rsqrt(variance + self.eps)
-        return self.weight * h.to(input_dtype)
+        return rms_norm(x, self.weight, self.eps)
 
     def extra_repr(self) -> str:
         return f"{tuple(self.weight.shape)}, eps={self.eps}"
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x [..., D] -> weight * (x / sqrt(mean(x^2) + eps)), statistics in float32, cast back before the weight."""
+    input_dtype = x.dtype
+    h = x.to(torch.float32)
+    variance = h.pow(2).mean(-1, keepdim=True)  # [..., 1] float32
+    h = h * torch.rsqrt(variance + eps)
+    return weight * h.to(input_dtype)

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from graphrunner.attention import Attention
+from graphrunner.attention import layer as attention_layer
 from graphrunner.models.norm import RMSNorm
 from graphrunner.models.parallel_linear import RowParallelLinear, ShardedMergedLinear
 from graphrunner.models.rotary import apply_rotary
@@ -53,7 +54,13 @@ class SelfAttention(nn.Module):
     def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """hidden [T, hidden], cos/sin [T, 1, D/2] -> [T, hidden]."""
         t = hidden.shape[0]
-        q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        qkv = self.qkv_proj(hidden)  # [T, (Hq + 2 Hkv) D]
+        if attention_layer.FUSED_QKV_PREP:  # q/k norm, rope and the cache write in one kernel
+            norms = (self.q_norm, self.k_norm) if self.q_norm is not None and self.k_norm is not None else None
+            return self.o_proj(self.attn.forward_qkv(qkv, cos, sin, norms[0].weight if norms else None,
+                                                     norms[1].weight if norms else None,
+                                                     norms[0].eps if norms else 0.0))
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         # unflatten / clone rather than reshape / contiguous: on the strided split those ask whether T == 1,
         # and torch.compile would then trace a second graph for one-token steps (capture/compiled.py)
         q = q.unflatten(-1, (self.num_heads, self.head_dim))  # [T, Hq, D]

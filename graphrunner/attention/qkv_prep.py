@@ -1,0 +1,135 @@
+"""Attention's prologue in one kernel: split a token's fused qkv row, apply the optional per-head RMSNorm (Qwen3's
+q/k norms), rotate q and k (neox layout) and write k and v into the paged cache at the token's slot; q goes to its
+own buffer. It replaces the per-layer norm / rope / copy kernels and `write_kv_triton` (issue 17).
+`qkv_prep_ref` is the PyTorch reference: RMSNorm and apply_rotary as the models compute them, then write_kv_ref.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from graphrunner.attention.reference import write_kv_ref
+from graphrunner.kernel_checks import check_tensor
+from graphrunner.models.norm import rms_norm
+from graphrunner.models.rotary import apply_rotary
+
+
+def qkv_prep_ref(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_norm: torch.Tensor | None,
+                 k_norm: torch.Tensor | None, eps: float, layer_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                 num_heads: int, num_kv_heads: int, head_dim: int) -> torch.Tensor:
+    """qkv [T, (Hq + 2 Hkv) D], cos/sin [T, 1, D/2] in qkv's dtype, q_norm/k_norm [D] or None -> q [T, Hq D] roped;
+    k (normed, roped) and v written into layer_cache [2, blocks, block_size, Hkv, D] at slot_mapping [T] (-1: skip)."""
+    t = qkv.shape[0]
+    q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
+    q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
+    q = q.unflatten(-1, (num_heads, head_dim))
+    k = k.unflatten(-1, (num_kv_heads, head_dim))
+    if q_norm is not None and k_norm is not None:
+        q, k = rms_norm(q, q_norm, eps), rms_norm(k, k_norm, eps)
+    q = apply_rotary(q, cos, sin)
+    k = apply_rotary(k, cos, sin)
+    write_kv_ref(k, v.reshape(t, num_kv_heads, head_dim), layer_cache, slot_mapping)
+    return q.reshape(t, q_size)
+
+
+@triton.jit
+def _qkv_prep_kernel(
+    qkv_ptr,  # [T, (Hq + 2 Hkv) D]
+    q_out_ptr,  # [T, Hq D]
+    q_norm_ptr,  # [D] (HAS_NORM)
+    k_norm_ptr,  # [D] (HAS_NORM)
+    cos_ptr,  # [T, D/2] rows at stride_cos
+    sin_ptr,  # [T, D/2] rows at stride_sin
+    slot_ptr,  # [T] int64, -1 = padding
+    k_cache_ptr,  # [blocks, block_size, Hkv, D]
+    v_cache_ptr,
+    stride_qkv,
+    stride_qo,
+    stride_cos,
+    stride_sin,
+    stride_cb,
+    stride_cs,
+    stride_ch,
+    eps,
+    NUM_HEADS: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HALF_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    HAS_NORM: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)  # q heads, then k heads, then v heads
+    half: tl.constexpr = HEAD_DIM // 2
+    offs = tl.arange(0, HALF_PAD)
+    mask = offs < half
+    src = qkv_ptr + t * stride_qkv + h * HEAD_DIM
+    x1 = tl.load(src + offs, mask=mask, other=0.0)  # [HALF_PAD] first half of the head
+    x2 = tl.load(src + half + offs, mask=mask, other=0.0)
+    slot = tl.load(slot_ptr + t)
+    if h >= NUM_HEADS + NUM_KV_HEADS:  # v: copied as is
+        if slot >= 0:
+            dst = v_cache_ptr + (slot // BLOCK_SIZE) * stride_cb + (slot % BLOCK_SIZE) * stride_cs \
+                + (h - NUM_HEADS - NUM_KV_HEADS) * stride_ch
+            tl.store(dst + offs, x1, mask=mask)
+            tl.store(dst + half + offs, x2, mask=mask)
+    else:
+        if HAS_NORM:  # HF's RMSNorm: float32 statistics, cast back to the input dtype, then times the weight
+            w_ptr = q_norm_ptr if h < NUM_HEADS else k_norm_ptr
+            f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
+            inv = tl.rsqrt((tl.sum(f1 * f1, axis=0) + tl.sum(f2 * f2, axis=0)) / HEAD_DIM + eps)
+            w1 = tl.load(w_ptr + offs, mask=mask, other=0.0)
+            w2 = tl.load(w_ptr + half + offs, mask=mask, other=0.0)
+            x1 = (w1.to(tl.float32) * (f1 * inv).to(x1.dtype).to(tl.float32)).to(x1.dtype)
+            x2 = (w2.to(tl.float32) * (f2 * inv).to(x2.dtype).to(tl.float32)).to(x2.dtype)
+        c = tl.load(cos_ptr + t * stride_cos + offs, mask=mask, other=0.0).to(tl.float32)
+        s = tl.load(sin_ptr + t * stride_sin + offs, mask=mask, other=0.0).to(tl.float32)
+        a, b = x1.to(tl.float32), x2.to(tl.float32)
+        r1 = (a * c - b * s).to(x1.dtype)
+        r2 = (b * c + a * s).to(x2.dtype)
+        if h < NUM_HEADS:
+            dst = q_out_ptr + t * stride_qo + h * HEAD_DIM
+            tl.store(dst + offs, r1, mask=mask)
+            tl.store(dst + half + offs, r2, mask=mask)
+        elif slot >= 0:
+            dst = k_cache_ptr + (slot // BLOCK_SIZE) * stride_cb + (slot % BLOCK_SIZE) * stride_cs \
+                + (h - NUM_HEADS) * stride_ch
+            tl.store(dst + offs, r1, mask=mask)
+            tl.store(dst + half + offs, r2, mask=mask)
+
+
+def qkv_prep_triton(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_norm: torch.Tensor | None,
+                    k_norm: torch.Tensor | None, eps: float, layer_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                    num_heads: int, num_kv_heads: int, head_dim: int) -> torch.Tensor:
+    """The kernel behind qkv_prep_ref's contract (same arguments, same result)."""
+    check_tensor(qkv, "qkv", (torch.float32, torch.bfloat16, torch.float16), 2, None)
+    check_tensor(layer_cache, "layer_cache", qkv.dtype, 5, qkv.device)
+    t = qkv.shape[0]
+    if head_dim % 2 or qkv.shape[1] != (num_heads + 2 * num_kv_heads) * head_dim:
+        raise ValueError(f"qkv [T, {qkv.shape[1]}] does not hold {num_heads} q + 2 x {num_kv_heads} kv heads of "
+                         f"even dim {head_dim}")
+    if (q_norm is None) != (k_norm is None):
+        raise ValueError("q_norm and k_norm come together (both or neither)")
+    _, _, block_size, hkv, dim = layer_cache.shape
+    if hkv != num_kv_heads or dim != head_dim:
+        raise ValueError(f"layer_cache holds {hkv} KV heads of dim {dim}, expected {num_kv_heads} of {head_dim}")
+    if cos.shape != (t, 1, head_dim // 2) or sin.shape != cos.shape:
+        raise ValueError(f"cos/sin must be [{t}, 1, {head_dim // 2}], got {tuple(cos.shape)} / {tuple(sin.shape)}")
+    if qkv.stride(1) != 1 or cos.stride(2) != 1 or sin.stride(2) != 1:
+        raise ValueError("qkv, cos and sin need a unit stride in their last dimension")
+    q_out = torch.empty(t, num_heads * head_dim, dtype=qkv.dtype, device=qkv.device)  # [T, Hq D]
+    if t == 0:
+        return q_out
+    k_cache, v_cache = layer_cache[0], layer_cache[1]
+    has_norm = q_norm is not None
+    _qkv_prep_kernel[(t, num_heads + 2 * num_kv_heads)](
+        qkv, q_out, q_norm if has_norm else qkv, k_norm if has_norm else qkv, cos, sin, slot_mapping,
+        k_cache, v_cache, qkv.stride(0), q_out.stride(0), cos.stride(0), sin.stride(0),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), eps,
+        NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
+        HALF_PAD=max(16, triton.next_power_of_2(head_dim // 2)), BLOCK_SIZE=block_size, HAS_NORM=has_norm,
+        num_warps=1 if head_dim <= 128 else 2,
+    )
+    return q_out
