@@ -54,11 +54,28 @@ def test_triton_matches_reference(m: int, n: int, k: int, config: GemvConfig | N
         torch.testing.assert_close(out, gemv_ref(x, w, b), **TOL[dtype])
 
 
-@pytest.mark.parametrize("config", [GemvConfig(4, 64, 1), GemvConfig(8, 32, 3), GemvConfig(1, 128, 2)])
+# the interpreter's tl.dot mishandles bf16 (triton-lang/triton#11584): the tensor-core path is checked in fp16 on CPU
+DOT_DTYPES = [torch.float16] if DEVICE == "cpu" else [torch.float16, torch.bfloat16]
+
+
+@pytest.mark.parametrize(("m", "n", "k", "config"), [
+    (2, 37, 50, GemvConfig(16, 16, 1, use_dot=True)),
+    (8, 70, 1030, GemvConfig(32, 64, 4, use_dot=True)),  # split-K, last split short
+    (5, 100, 300, GemvConfig(16, 128, 1, num_warps=8, use_dot=True)),
+])
+@pytest.mark.parametrize("bias", [False, True])
+def test_dot_path_matches_reference(m: int, n: int, k: int, config: GemvConfig, bias: bool) -> None:
+    for dtype in DOT_DTYPES:
+        x, w, b = _data(m, n, k, dtype, seed=m + n + k, bias=bias)
+        torch.testing.assert_close(gemv_triton(x, w, b, config), gemv_ref(x, w, b), **TOL[dtype])
+
+
+@pytest.mark.parametrize("config", [GemvConfig(4, 64, 1), GemvConfig(8, 32, 3), GemvConfig(1, 128, 2),
+                                    GemvConfig(16, 64, 2, use_dot=True)])
 def test_rows_bit_equal_whatever_m(config: GemvConfig) -> None:
     """Row i of an M-row call equals the same row alone or in any other M (what keeps graphs == eager when a
     step is padded from M to the next captured size)."""
-    x, w, b = _data(gemv.MAX_M, 70, 300, torch.bfloat16, seed=11, bias=True)
+    x, w, b = _data(gemv.MAX_M, 70, 300, DOT_DTYPES[-1] if config.use_dot else torch.bfloat16, seed=11, bias=True)
     full = gemv_triton(x, w, b, config)
     for m in range(1, gemv.MAX_M + 1):
         assert torch.equal(gemv_triton(x[:m], w, b, config), full[:m]), m
@@ -117,6 +134,8 @@ def test_bad_input_raises_value_error() -> None:
         GemvConfig(16, 64, 0)
     with pytest.raises(ValueError, match="max_m"):
         GemvConfig(16, 64, 1, max_m=3)
+    with pytest.raises(ValueError, match="tl.dot config needs block_n"):
+        GemvConfig(8, 64, 1, use_dot=True)
 
 
 @pytest.mark.parametrize(("n", "k"), [(1024, 2048), (4096, 1024), (6144, 1024), (1024, 3072), (151_936, 1024), (5, 7)])
@@ -131,25 +150,33 @@ def _write_table(path: Path, entries: list[dict]) -> None:
     path.write_text(json.dumps(entries))
 
 
-def test_tuned_table_lookup(tmp_path: Path) -> None:
+def test_tuned_table_lookup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "gemv_configs.json"
-    cfg = {"block_n": 4, "block_k": 128, "split_k": 2, "num_warps": 4, "num_stages": 1, "max_m": 4}
-    _write_table(path, [{"N": 100, "K": 300, "config": cfg}, {"N": 50, "K": 300, "config": None}])
+    loop = {"block_n": 4, "block_k": 128, "split_k": 2, "num_warps": 4, "num_stages": 1, "max_m": 2}
+    dot = {"block_n": 16, "block_k": 128, "max_m": 8, "use_dot": True}
+    _write_table(path, [{"N": 100, "K": 300, "configs": [dot, loop]}, {"N": 50, "K": 300, "configs": []},
+                        {"N": 60, "K": 300, "config": {**loop, "max_m": 4}}, {"N": 70, "K": 300, "config": None}])
     table = load_tuned_configs(path)
-    assert table == {(100, 300): GemvConfig(4, 128, 2, max_m=4), (50, 300): None}
-    _write_table(path, [{"N": 100}])
-    with pytest.raises(ValueError, match="bad GEMV config file"):
-        load_tuned_configs(path)
-    _write_table(path, [{"N": 100, "K": 3, "config": {**cfg, "max_m": 5}}])
-    with pytest.raises(ValueError, match="bad GEMV config file"):
-        load_tuned_configs(path)
+    assert table == {(100, 300): (GemvConfig(4, 128, 2, max_m=2), GemvConfig(16, 128, max_m=8, use_dot=True)),
+                     (50, 300): (), (60, 300): (GemvConfig(4, 128, 2, max_m=4),), (70, 300): ()}
+    monkeypatch.setattr(gemv, "tuned_configs", lambda: table)
+    assert [gemv.config_for(m, 100, 300) for m in (1, 2, 3, 8, 9)] == [*table[(100, 300)][:1] * 2,
+                                                                       *table[(100, 300)][1:] * 2, None]
+    assert gemv.config_for(4, 60, 300) == table[(60, 300)][0] and gemv.config_for(5, 60, 300) is None
+    assert gemv.config_for(1, 50, 300) is None and gemv.config_for(1, 1, 1) is None
+    assert gemv.is_tuned(100, 300) and gemv.is_tuned(60, 300) and not gemv.is_tuned(50, 300)
+    for bad in ([{"N": 100}], [{"N": 1, "K": 3, "config": {**loop, "max_m": 5}}],
+                [{"N": 1, "K": 3, "configs": [loop, loop]}], [{"N": 1, "K": 3, "configs": [{**dot, "block_n": 8}]}]):
+        _write_table(path, bad)
+        with pytest.raises(ValueError, match="bad GEMV config file"):
+            load_tuned_configs(path)
 
 
 def test_linear_routes_only_tuned_cuda_shapes(monkeypatch: pytest.MonkeyPatch) -> None:
     """`linear()` calls the op only for a CUDA bf16/fp16 weight whose (N, K) has a config (on CPU: plain F.linear);
     the op then runs the GEMV up to the config's max_m and cuBLAS above it."""
     x, w, b = _data(3, 24, 40, torch.bfloat16, seed=4, bias=True)
-    table = {(24, 40): GemvConfig(4, 32, 1, max_m=2)}
+    table = {(24, 40): (GemvConfig(4, 32, 1, max_m=2),)}
     monkeypatch.setattr(gemv, "tuned_configs", lambda: table)
     assert gemv.is_tuned(24, 40) and not gemv.is_tuned(24, 39)
     assert gemv.routes_to_gemv(w) == (DEVICE == "cuda")
@@ -159,14 +186,14 @@ def test_linear_routes_only_tuned_cuda_shapes(monkeypatch: pytest.MonkeyPatch) -
     torch.testing.assert_close(linear_mod.linear(x, w, b), F.linear(x, w, b))
     if DEVICE == "cuda":
         monkeypatch.setattr(gemv, "ENABLED", True)
-        assert torch.equal(linear_mod.linear(x[:2], w, b), gemv_triton(x[:2], w, b, table[(24, 40)]))
+        assert torch.equal(linear_mod.linear(x[:2], w, b), gemv_triton(x[:2], w, b, table[(24, 40)][0]))
         assert torch.equal(linear_mod.linear(x, w, b), F.linear(x, w, b))  # M = 3 > max_m
 
 
 def test_table_read_from_file_is_a_trace_time_constant(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """fullgraph torch.compile over code asking is_tuned: the file is read outside the trace, the answer baked in."""
     path = tmp_path / "gemv_configs.json"
-    _write_table(path, [{"N": 24, "K": 40, "config": {"block_n": 4, "block_k": 32}}])
+    _write_table(path, [{"N": 24, "K": 40, "configs": [{"block_n": 4, "block_k": 32}]}])
     monkeypatch.setenv("GRAPHRUNNER_GEMV_CONFIGS", str(path))
     gemv.tuned_configs.cache_clear()
     try:
@@ -182,7 +209,7 @@ def test_table_read_from_file_is_a_trace_time_constant(tmp_path: Path, monkeypat
 def test_custom_op_falls_back_and_passes_opcheck(monkeypatch: pytest.MonkeyPatch) -> None:
     x, w, b = _data(gemv.MAX_M + 1, 24, 40, torch.bfloat16, seed=4, bias=True)
     assert torch.equal(torch.ops.graphrunner.small_m_linear(x, w, b), F.linear(x, w, b))
-    monkeypatch.setattr(gemv, "tuned_configs", lambda: {(24, 40): GemvConfig(8, 32, 2)})
+    monkeypatch.setattr(gemv, "tuned_configs", lambda: {(24, 40): (GemvConfig(8, 32, 2),)})
     x32 = x[:3].float()  # float32 never reaches the kernel
     assert torch.equal(torch.ops.graphrunner.small_m_linear(x32, w.float(), None), F.linear(x32, w.float()))
     small = _data(3, 24, 40, torch.float16, seed=5, bias=True)
@@ -196,7 +223,8 @@ def test_gpu_split_k_under_load_and_batch_invariant() -> None:
     """Many tiles x splits racing on the counters, repeated: every result equals the first, is close to the
     reference, and each row equals itself computed alone."""
     x, w, b = _data(8, 4096, 3072, torch.bfloat16, seed=8, bias=True)
-    for cfg in (GemvConfig(16, 128, 8), GemvConfig(4, 512, 2), GemvConfig(2, 1024, 1, num_warps=8)):
+    for cfg in (GemvConfig(16, 128, 8), GemvConfig(4, 512, 2), GemvConfig(2, 1024, 1, num_warps=8),
+                GemvConfig(32, 256, 2, use_dot=True)):
         expected = gemv_triton(x, w, b, cfg)
         torch.testing.assert_close(expected, gemv_ref(x, w, b), **TOL[torch.bfloat16])
         for _ in range(100):
@@ -207,7 +235,7 @@ def test_gpu_split_k_under_load_and_batch_invariant() -> None:
 
 def test_op_traces_with_dynamic_token_count(monkeypatch: pytest.MonkeyPatch) -> None:
     """fullgraph torch.compile (aot_eager: Dynamo + AOTAutograd over the fake impl) with a symbolic M."""
-    monkeypatch.setattr(gemv, "tuned_configs", lambda: {(24, 40): GemvConfig(8, 32, 2)})
+    monkeypatch.setattr(gemv, "tuned_configs", lambda: {(24, 40): (GemvConfig(8, 32, 2),)})
 
     def f(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.silu(torch.ops.graphrunner.small_m_linear(x, w, b)) * 2
@@ -217,3 +245,19 @@ def test_op_traces_with_dynamic_token_count(monkeypatch: pytest.MonkeyPatch) -> 
         x, w, b = _data(m, 24, 40, torch.float16, seed=m, bias=True)
         expected = F.silu(gemv_ref(x, w, b) if m <= gemv.MAX_M else F.linear(x, w, b)) * 2
         torch.testing.assert_close(compiled(x, w, b), expected, **TOL[torch.float16])
+
+
+def test_sweep_plan_picks_the_cheapest_split_between_kernels() -> None:
+    """tools/bench_kernels.choose_plan: the row loop, tensor cores and cuBLAS each serve a power-of-two range of M,
+    whichever totals least; none where cuBLAS wins everywhere."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    from bench_kernels import choose_plan
+
+    ms = [1, 2, 4, 8]
+    flat = {m: 5.0 for m in ms}
+    assert choose_plan(ms, flat, {1: 4, 2: 6, 4: 8, 8: 12}, {2: 4, 4: 4.5, 8: 5.5}) == (1, 4)
+    assert choose_plan(ms, {1: 12.7, 2: 10.3, 4: 10.5, 8: 5.9}, {1: 3.3, 2: 3.9, 4: 5, 8: 7.2}, {}) == (4, 4)
+    assert choose_plan(ms, flat, {m: 6.0 for m in ms}, {m: 6.0 for m in ms}) == (0, 0)
+    assert choose_plan(ms, flat, {m: 9.0 for m in ms}, {m: 1.0 for m in ms}) == (0, 8)

@@ -29,8 +29,8 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_tiny_model(tmp_path_factory.mktemp("gemv"), "Qwen3ForCausalLM")
 
 
-def _table(model_dir: Path) -> dict[tuple[int, int], gemv.GemvConfig]:
-    """A config (split-K where K allows, so the counters run too) for every 2-D weight of the checkpoint."""
+def _table(model_dir: Path) -> dict[tuple[int, int], tuple[gemv.GemvConfig, ...]]:
+    """Configs (split-K where K allows, so the counters run too) for every 2-D weight of the checkpoint."""
     from safetensors import safe_open
 
     shapes: set[tuple[int, int]] = set()
@@ -43,7 +43,9 @@ def _table(model_dir: Path) -> dict[tuple[int, int], gemv.GemvConfig]:
     h, d = cfg["hidden_size"], cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
     shapes |= {((cfg["num_attention_heads"] + 2 * cfg["num_key_value_heads"]) * d, h),
                (2 * cfg["intermediate_size"], h)}
-    return {s: gemv.GemvConfig(4, 32, 2 if s[1] >= 64 else 1) for s in shapes}
+    # the row loop up to 2 tokens, tensor cores from 3 to 8: both paths and the boundary between them run
+    return {s: (gemv.GemvConfig(4, 32, 2 if s[1] >= 64 else 1, max_m=2),
+                gemv.GemvConfig(16, 32, 2 if s[1] >= 64 else 1, max_m=8, use_dot=True)) for s in shapes}
 
 
 @pytest.fixture(scope="module")

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 import triton
 
 from graphrunner.kernel_checks import num_sms as _num_sms
-from graphrunner.models.gemv import GemvConfig, default_config, gemv_triton, tuned_configs
+from graphrunner.models.gemv import GemvConfig, config_for, default_config, gemv_triton, tuned_configs
 from graphrunner.sampling import gumbel_split
 from graphrunner.sampling.batch import RequestSampling, SampleEntry, build_sampling_batch
 from graphrunner.sampling.gumbel import sample_rowwise_triton
@@ -127,7 +127,7 @@ def _weights(n: int, k: int, device: torch.device) -> list[torch.Tensor]:
 
 
 def _sweep_configs(n: int, k: int, sms: int) -> list[GemvConfig]:
-    """Launch shapes worth timing for W [N, K]: 8..128 weights per thread, at least one program per SM."""
+    """Row-loop launch shapes worth timing for W [N, K]: 8..128 weights per thread, at least one program per SM."""
     kp = triton.next_power_of_2(k)
     out = []
     for bn, bk, split, warps in itertools.product((1, 2, 4, 8, 16, 32), (128, 256, 512, 1024, 2048, 4096),
@@ -138,6 +138,41 @@ def _sweep_configs(n: int, k: int, sms: int) -> list[GemvConfig]:
         for stages in (1, 3) if kp // (split * bk) >= 2 else (1,):
             out.append(GemvConfig(bn, bk, split, num_warps=warps, num_stages=stages))
     return out
+
+
+def _sweep_dot_configs(n: int, k: int, sms: int) -> list[GemvConfig]:
+    """Tensor-core launch shapes (x padded to 16 rows) worth timing: N tiles of 16-64, K steps of 64-512."""
+    kp = triton.next_power_of_2(k)
+    out = []
+    for bn, bk, split, warps in itertools.product((16, 32, 64), (64, 128, 256, 512), (1, 2, 4), (4, 8)):
+        if bk > kp or split * bk > kp or triton.cdiv(n, bn) * split < sms or bn * bk // (32 * warps) > 128:
+            continue
+        out.append(GemvConfig(bn, bk, split, num_warps=warps, num_stages=3, use_dot=True))
+    return out
+
+
+def choose_plan(ms: list[int], cublas: dict[int, float], loop: dict[int, float],
+                dot: dict[int, float]) -> tuple[int, int]:
+    """(s, d): the row loop serves M <= s, tensor cores s < M <= d, cuBLAS the rest; s and d powers of two (or 0 /
+    s: unused), chosen for the least total time over the measured ms. Ties keep fewer kernels."""
+    best: tuple[float, int, int, int] | None = None
+    for s in (0, 1, 2, 4, 8):
+        for d in (s, *(p for p in (2, 4, 8) if p > s)):
+            def cost(m: int, s: int = s, d: int = d) -> float:
+                table = loop if m <= s else dot if m <= d else cublas
+                return table.get(m, float("inf"))
+            key = (sum(cost(m) for m in ms), (s > 0) + (d > s), s, d)
+            if best is None or key[:2] < best[:2]:
+                best = key
+    assert best is not None
+    return best[2], best[3]
+
+
+def _top_at_every_m(candidates: list[GemvConfig], at_m: int, keep: int, xs: dict[int, torch.Tensor],
+                    weights: list[torch.Tensor], device: torch.device, reps: int) -> list[tuple[GemvConfig, dict]]:
+    """Every candidate timed at M = at_m, then the best `keep` of them at every M of xs."""
+    timed = sorted(((_gemv_us(xs[at_m], weights, c, device, reps), c) for c in candidates), key=lambda t: t[0])
+    return [(c, {m: _gemv_us(x, weights, c, device, reps) for m, x in xs.items()}) for _, c in timed[:keep]]
 
 
 def _gemv_us(x: torch.Tensor, weights: list[torch.Tensor], cfg: GemvConfig, device: torch.device,
@@ -152,18 +187,18 @@ def _gemv_us(x: torch.Tensor, weights: list[torch.Tensor], cfg: GemvConfig, devi
 
 def bench_gemv(shapes: dict[str, tuple[int, int]], ms: list[int], device: torch.device, reps: int,
                sweep: bool) -> list[dict]:
-    """Per shape: cuBLAS and the GEMV (tuned table, else heuristic) at each M; with `sweep`, every candidate
-    config at M = 1, the best 6 of them at every M, and the winner by M = 1 time (with the largest power-of-two
-    M up to which it beats cuBLAS at every measured M: its max_m)."""
+    """Per shape: cuBLAS and the GEMV (the tuned config serving each M, else the heuristic) at each M; with
+    `sweep`, every row-loop candidate at the smallest M and every tensor-core candidate at the largest, the best
+    of each at every M, and the plan (which serves which M) with the least total time: `best_configs`."""
     rows = []
+    sms = _num_sms(device)
     for name, (n, k) in shapes.items():
         weights = _weights(n, k, device)
         xs = {m: torch.randn(m, k, device=device, dtype=torch.bfloat16) for m in ms}
-        row: dict[str, Any] = {"shape": name, "N": n, "K": k, "torch_us": {}, "gemv_us": {}}
-        cfg = tuned_configs().get((n, k)) if device.type == "cuda" else None
-        cfg = cfg or default_config(n, k, device)
-        row["config"] = cfg.__dict__
+        row: dict[str, Any] = {"shape": name, "N": n, "K": k, "torch_us": {}, "gemv_us": {}, "config": {}}
         for m, x in xs.items():
+            cfg = (config_for(m, n, k) if device.type == "cuda" else None) or default_config(n, k, device)
+            row["config"][m] = cfg.__dict__
             nbytes = (n * k + m * k + m * n) * 2
             err = (gemv_triton(x, weights[0], None, cfg).float() - F.linear(x, weights[0]).float()).abs().max().item()
             row["torch_us"][m] = t_us = time_us([lambda w=w, x=x: F.linear(x, w) for w in weights], device, reps)
@@ -172,21 +207,20 @@ def bench_gemv(shapes: dict[str, tuple[int, int]], ms: list[int], device: torch.
                   f"gemv {g_us:7.1f} us {nbytes / (g_us * 1e3):6.0f} GB/s   ({t_us / g_us:4.2f}x)  err {err:.2e}",
                   flush=True)
         if sweep:
-            x1 = xs[min(ms)]
-            timed = sorted(((_gemv_us(x1, weights, c, device, reps), c)
-                            for c in [cfg, *_sweep_configs(n, k, _num_sms(device))]), key=lambda t: t[0])
-            row["sweep_m1"] = [{"us": us, "config": c.__dict__} for us, c in timed]
-            top = [(c, {m: _gemv_us(x, weights, c, device, reps) for m, x in xs.items()}) for _, c in timed[:6]]
-            best, best_us = min(top, key=lambda t: t[1][min(ms)])
-            max_m = 0
-            for p in (1, 2, 4, 8):
-                if all(best_us[m] < row["torch_us"][m] for m in ms if m <= p) and any(m <= p for m in ms):
-                    max_m = p
-            row["best_config"] = dataclasses.replace(best, max_m=max_m).__dict__ if max_m else None
-            row["best_us"] = best_us
-            print(f"  top 6 at M={min(ms)}: " + "; ".join(f"{t[1][min(ms)]:.1f} us {t[0]}" for t in top), flush=True)
-            print(f"  best {best} " + " ".join(f"M={m}: {best_us[m]:.1f} vs cuBLAS {row['torch_us'][m]:.1f} us"
-                                               for m in ms) + f"  -> max_m {max_m}", flush=True)
+            loops = _top_at_every_m([default_config(n, k, device), *_sweep_configs(n, k, sms)], min(ms), 6, xs,
+                                    weights, device, reps)
+            best_loop, loop_us = min(loops, key=lambda t: t[1][min(ms)])
+            dots = _top_at_every_m(_sweep_dot_configs(n, k, sms), max(ms), 4, xs, weights, device, reps)
+            best_dot, dot_us = min(dots, key=lambda t: sum(t[1].values())) if dots else (None, {})
+            s, d = choose_plan(ms, row["torch_us"], loop_us, dot_us)
+            configs = ([dataclasses.replace(best_loop, max_m=s)] if s else []) + (
+                [dataclasses.replace(best_dot, max_m=d)] if d > s and best_dot is not None else [])
+            row["best_configs"] = [c.__dict__ for c in configs]
+            row["best_us"] = {m: (loop_us if m <= s else dot_us if m <= d else row["torch_us"])[m] for m in ms}
+            for label, (c, us) in (("row loop", (best_loop, loop_us)), ("tensor cores", (best_dot, dot_us))):
+                print(f"  best {label}: {c} " + " ".join(f"M={m}: {v:.1f}" for m, v in us.items()), flush=True)
+            print(f"  plan: row loop M <= {s}, tensor cores up to {d}; " + " ".join(
+                f"M={m}: {row['best_us'][m]:.1f} vs cuBLAS {row['torch_us'][m]:.1f} us" for m in ms), flush=True)
         rows.append(row)
         del weights
     return rows
@@ -223,7 +257,7 @@ def main() -> None:
         out = Path(args.tuned_out)
         table = {(e["N"], e["K"]): e for e in (json.loads(out.read_text()) if out.exists() else [])}
         for r in result.get("gemv", []):  # merged into the file's entries: runs over different shapes add up
-            table[(r["N"], r["K"])] = {"N": r["N"], "K": r["K"], "config": r["best_config"],  # None: cuBLAS wins
+            table[(r["N"], r["K"])] = {"N": r["N"], "K": r["K"], "configs": r["best_configs"],  # []: cuBLAS
                                        "gemv_us": r["best_us"], "cublas_us": r["torch_us"]}
         out.write_text(json.dumps(sorted(table.values(), key=lambda e: (e["N"], e["K"])), indent=1))
         print(f"{len(table)} tuned GEMV shapes in {out}")

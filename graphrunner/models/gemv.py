@@ -1,8 +1,9 @@
 """Small-M linear for decode: y = x @ W^T (+ b) with x [M <= 8, K] and W [N, K] in bf16/fp16, reading W once.
 
-Each program loads a [BLOCK_N, BLOCK_K] tile of W per step along K and applies it to every row of x in turn, so a
-row's bits never depend on M (a padded CUDA graph and an eager step agree). Split-K partials are summed in split
-order by the last program of each N tile. `linear()` routes the shapes tuned in gemv_configs.json to it.
+Each program loads a [BLOCK_N, BLOCK_K] tile of W per step along K and applies it to every row of x in turn (or,
+for larger M, to x padded to 16 rows in one tl.dot), so a row's bits never depend on M: a padded CUDA graph and an
+eager step agree. Split-K partials are summed in split order by the last program of each N tile. `linear()` routes
+the shapes tuned in gemv_configs.json to it.
 """
 
 from __future__ import annotations
@@ -40,6 +41,9 @@ class GemvConfig:
     num_warps: int = 4
     num_stages: int = 1
     max_m: int = MAX_M  # token counts up to this (a power of two: a padded size never crosses it) use the kernel
+    # tensor cores: x padded to 16 rows, one tl.dot per weight tile (rows still independent of M, since the
+    # instruction shape and the K order are fixed); for the counts past a row-loop config's max_m
+    use_dot: bool = False
 
     def __post_init__(self) -> None:
         if self.block_n < 1 or self.block_n & (self.block_n - 1):
@@ -52,29 +56,42 @@ class GemvConfig:
             raise ValueError(f"num_warps must be 1, 2, 4, 8 or 16, got {self.num_warps}")
         if self.max_m not in (1, 2, 4, 8):
             raise ValueError(f"max_m must be 1, 2, 4 or 8, got {self.max_m}")
+        if self.use_dot and self.block_n < 16:
+            raise ValueError(f"a tl.dot config needs block_n >= 16, got {self.block_n}")
 
 
-def load_tuned_configs(path: Path | str) -> dict[tuple[int, int], GemvConfig | None]:
-    """{(N, K): config, or None where cuBLAS won} from a JSON list of {"N", "K", "config", ...}."""
+def load_tuned_configs(path: Path | str) -> dict[tuple[int, int], tuple[GemvConfig, ...]]:
+    """{(N, K): its configs by ascending max_m, empty where cuBLAS won} from a JSON list of {"N", "K", "configs":
+    [...]} (or the older single "config", null for cuBLAS)."""
     try:
-        entries = json.loads(Path(path).read_text())
-        return {(int(e["N"]), int(e["K"])): None if e["config"] is None else GemvConfig(**e["config"])
-                for e in entries}
+        table = {}
+        for e in json.loads(Path(path).read_text()):
+            raw = e["configs"] if "configs" in e else [] if e["config"] is None else [e["config"]]
+            configs = tuple(sorted((GemvConfig(**c) for c in raw), key=lambda c: c.max_m))
+            if len({c.max_m for c in configs}) != len(configs):
+                raise ValueError(f"two configs of ({e['N']}, {e['K']}) share a max_m")
+            table[(int(e["N"]), int(e["K"]))] = configs
+        return table
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"bad GEMV config file {path}: {exc}") from exc
 
 
 @functools.cache
-def tuned_configs() -> dict[tuple[int, int], GemvConfig | None]:
+def tuned_configs() -> dict[tuple[int, int], tuple[GemvConfig, ...]]:
     path = os.environ.get("GRAPHRUNNER_GEMV_CONFIGS") or (TUNED_CONFIGS_FILE if TUNED_CONFIGS_FILE.exists() else None)
     return load_tuned_configs(path) if path else {}
+
+
+def config_for(m: int, n: int, k: int) -> GemvConfig | None:
+    """The tuned config serving M tokens of W [N, K]: the first (smallest max_m) whose max_m >= M; None: cuBLAS."""
+    return next((c for c in tuned_configs().get((n, k), ()) if m <= c.max_m), None)
 
 
 @torch.compiler.assume_constant_result
 def is_tuned(n: int, k: int) -> bool:
     """Whether W [N, K] has a GEMV config. Dynamo calls this at trace time and keeps the answer as a constant
     (tracing into it would trace the table's file read)."""
-    return tuned_configs().get((n, k)) is not None
+    return bool(tuned_configs().get((n, k)))
 
 
 def routes_to_gemv(weight: Tensor) -> bool:
@@ -118,6 +135,7 @@ def _gemv_kernel(
     BLOCK_K: tl.constexpr,
     SPLIT: tl.constexpr,
     HAS_BIAS: tl.constexpr,
+    USE_DOT: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -131,13 +149,19 @@ def _gemv_kernel(
     for k0 in range(k_start, k_end, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_mask = offs_k < k_end
-        w = tl.load(w_rows + offs_k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0).to(tl.float32)
-        # One x row at a time through the same [BLOCK_N, BLOCK_K] reduction: row m's sums do not see M_PAD.
-        for m in tl.static_range(M_PAD):
-            row = tl.minimum(M - 1, m)  # padding rows re-read the last real row; their results are not stored
-            xm = tl.load(x_ptr + row * stride_xm + offs_k, mask=k_mask, other=0.0).to(tl.float32)  # [BK]
-            part = tl.sum(w * xm[None, :], axis=1)  # [BLOCK_N]
-            acc = tl.where(rows[:, None] == m, acc + part[None, :], acc)
+        w = tl.load(w_rows + offs_k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)  # [BN, BK]
+        if USE_DOT:  # M_PAD is always 16 here: one instruction shape whatever M, padding rows re-read row M - 1
+            x_rows = x_ptr + tl.minimum(rows, M - 1)[:, None].to(tl.int64) * stride_xm
+            x = tl.load(x_rows + offs_k[None, :], mask=k_mask[None, :], other=0.0)  # [16, BK]
+            acc = tl.dot(x, tl.trans(w), acc)
+        else:
+            wf = w.to(tl.float32)
+            # One x row at a time through the same [BLOCK_N, BLOCK_K] reduction: row m's sums do not see M_PAD.
+            for m in tl.static_range(M_PAD):
+                row = tl.minimum(M - 1, m)  # padding rows re-read the last real row; their results are not stored
+                xm = tl.load(x_ptr + row * stride_xm + offs_k, mask=k_mask, other=0.0).to(tl.float32)  # [BK]
+                part = tl.sum(wf * xm[None, :], axis=1)  # [BLOCK_N]
+                acc = tl.where(rows[:, None] == m, acc + part[None, :], acc)
     mask = (rows < M)[:, None] & n_mask[None, :]
     out = out_ptr + rows[:, None].to(tl.int64) * stride_om + offs_n[None, :]
     if not SPLIT:
@@ -218,8 +242,8 @@ def gemv_triton(x: Tensor, weight: Tensor, bias: Tensor | None, config: GemvConf
     bias_arg = bias if bias is not None else out  # unused when HAS_BIAS is off
     _gemv_kernel[(tiles, split_k)](
         x, weight, bias_arg, out, part, counters if counters is not None else out, m, n, k, x.stride(0),
-        weight.stride(0), out.stride(0), k_per_split, split_k, M_PAD=triton.next_power_of_2(m),
-        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT=split_k > 1, HAS_BIAS=bias is not None,
+        weight.stride(0), out.stride(0), k_per_split, split_k, M_PAD=16 if cfg.use_dot else triton.next_power_of_2(m),
+        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT=split_k > 1, HAS_BIAS=bias is not None, USE_DOT=cfg.use_dot,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out
@@ -227,10 +251,10 @@ def gemv_triton(x: Tensor, weight: Tensor, bias: Tensor | None, config: GemvConf
 
 @torch.library.custom_op("graphrunner::small_m_linear", mutates_args=())
 def small_m_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-    """x [M, K] -> [M, N]: the Triton GEMV with the tuned config of (N, K) when M <= its max_m (decided at run
-    time, so one traced graph serves every token count), else F.linear (cuBLAS)."""
-    config = tuned_configs().get((weight.shape[0], weight.shape[1])) if x.device.type == "cuda" else None
-    if config is None or x.shape[0] > config.max_m or x.dtype not in _DTYPES:
+    """x [M, K] -> [M, N]: the Triton GEMV with the tuned config of (N, K) serving M (decided at run time, so one
+    traced graph serves every token count), else F.linear (cuBLAS)."""
+    config = config_for(x.shape[0], weight.shape[0], weight.shape[1]) if x.device.type == "cuda" else None
+    if config is None or x.dtype not in _DTYPES:
         return F.linear(x, weight, bias)
     return gemv_triton(x, weight, bias, config)
 
