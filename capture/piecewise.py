@@ -18,7 +18,8 @@ from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.fx.passes.split_module import split_module
 
-import graphrunner.attention.layer  # noqa: F401  (registers torch.ops.graphrunner.paged_attention*)
+import graphrunner.attention.layer
+import graphrunner.models.qkv_prep  # noqa: F401  (registers torch.ops.graphrunner.paged_attention_qkv)
 from capture.cuda_piece import GraphPiece
 
 SPLIT_OPS = (torch.ops.graphrunner.paged_attention, torch.ops.graphrunner.paged_attention.default,

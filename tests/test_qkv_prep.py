@@ -1,4 +1,4 @@
-"""The fused attention prologue (graphrunner/attention/qkv_prep.py) against its PyTorch reference: q/k per-head
+"""The fused attention prologue (graphrunner/models/qkv_prep.py) against its PyTorch reference: q/k per-head
 RMSNorm, rope and the paged-cache write of k and v, on awkward sizes (odd head counts, a head dim whose half is not
 a power of two, 0/1/7 tokens, padding slots), three dtypes, norms on and off; bad input; and an engine whose
 models take this path (GRAPHRUNNER_FUSED_QKV_PREP) giving the unfused engine's greedy tokens.
@@ -12,8 +12,8 @@ import pytest
 import torch
 from tiny_models import make_tiny_model
 
-from graphrunner.attention import layer as attention_layer
-from graphrunner.attention.qkv_prep import qkv_prep_ref, qkv_prep_triton
+from graphrunner.models import qkv_prep
+from graphrunner.models.qkv_prep import qkv_prep_ref, qkv_prep_triton
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # fp32: only the rope's rounding order differs (one rounding in the kernel, one per op in PyTorch); half
@@ -101,13 +101,13 @@ def test_engine_with_fused_prep_gives_unfused_tokens(tmp_path: Path, monkeypatch
     kwargs = {"max_model_len": 64, "attention_backend": backend, "block_size": 4, "max_num_batched_tokens": 16}
     expected = [o.outputs[0].token_ids for o in LLM(model=model_dir, **kwargs).generate(prompts, params)]
     calls = [0]
-    original = attention_layer.paged_attention_qkv
+    original = qkv_prep.paged_attention_qkv
 
     def counting(*args: object) -> None:
         calls[0] += 1
         original(*args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(attention_layer, "FUSED_QKV_PREP", True)
+    monkeypatch.setattr(qkv_prep, "FUSED_QKV_PREP", True)
     monkeypatch.setattr(torch.ops.graphrunner, "paged_attention_qkv", counting, raising=False)
     got = [o.outputs[0].token_ids for o in LLM(model=model_dir, **kwargs).generate(prompts, params)]
     assert calls[0] > 0 and got == expected

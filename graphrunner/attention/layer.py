@@ -13,7 +13,6 @@ import torch
 from torch import nn
 
 from graphrunner.attention.context import get_forward_context
-from graphrunner.attention.qkv_prep import qkv_prep_ref, qkv_prep_triton
 from graphrunner.attention.reference import paged_attention_ref, write_kv_ref
 from graphrunner.attention.triton_attention import (
     choose_num_splits,
@@ -21,16 +20,12 @@ from graphrunner.attention.triton_attention import (
     unified_attention,
     write_kv_triton,
 )
-from graphrunner.env import env_choice
-
-# GRAPHRUNNER_FUSED_QKV_PREP=1: models hand attention the fused qkv row and their q/k norms, and one kernel
-# (attention/qkv_prep.py) norms, ropes and writes the cache; off until measured on the H200 (docs/DECISIONS.md).
-FUSED_QKV_PREP = env_choice("GRAPHRUNNER_FUSED_QKV_PREP", ("0", "1"), "0") == "1"
 
 
-def _attend(q3: torch.Tensor, out: torch.Tensor, layer_idx: int, num_heads: int, num_kv_heads: int,
-            head_dim: int, scale: float, sliding_window: int) -> None:
-    """q3 [T, Hq, D] over the context's cache layer (this step's K/V already written) -> out [T, Hq*D]."""
+def attend(q3: torch.Tensor, out: torch.Tensor, layer_idx: int, num_heads: int, num_kv_heads: int,
+           head_dim: int, scale: float, sliding_window: int) -> None:
+    """q3 [T, Hq, D] over the context's cache layer (this step's K/V already written) -> out [T, Hq*D]; shared by
+    the attention ops (here and models/qkv_prep.py)."""
     ctx = get_forward_context()
     meta = ctx.meta
     layer_cache = ctx.kv_cache[layer_idx]  # [2, num_blocks, block_size, Hkv, D]
@@ -63,29 +58,10 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torc
     v3 = v.view(t, num_kv_heads, head_dim)
     write_kv = write_kv_triton if ctx.backend == "triton" else write_kv_ref
     write_kv(k3, v3, ctx.kv_cache[layer_idx], ctx.meta.slot_mapping)
-    _attend(q.view(t, num_heads, head_dim), out, layer_idx, num_heads, num_kv_heads, head_dim, scale, sliding_window)
+    attend(q.view(t, num_heads, head_dim), out, layer_idx, num_heads, num_kv_heads, head_dim, scale, sliding_window)
 
 
 @paged_attention.register_fake
-def _(*args: object) -> None:
-    return None
-
-
-@torch.library.custom_op("graphrunner::paged_attention_qkv", mutates_args=("out",))
-def paged_attention_qkv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_norm: torch.Tensor | None,
-                        k_norm: torch.Tensor | None, eps: float, out: torch.Tensor, layer_idx: int, num_heads: int,
-                        num_kv_heads: int, head_dim: int, scale: float, sliding_window: int) -> None:
-    """paged_attention from the fused projection: qkv [T, (Hq + 2 Hkv) D], cos/sin [T, 1, D/2], optional per-head
-    q/k RMSNorm weights [D] -> out [T, Hq*D]. One kernel (qkv_prep) norms, ropes and writes k/v into the cache."""
-    ctx = get_forward_context()
-    prep = qkv_prep_triton if ctx.backend == "triton" else qkv_prep_ref
-    q = prep(qkv, cos, sin, q_norm, k_norm, eps, ctx.kv_cache[layer_idx], ctx.meta.slot_mapping, num_heads,
-             num_kv_heads, head_dim)  # [T, Hq*D]
-    _attend(q.view(q.shape[0], num_heads, head_dim), out, layer_idx, num_heads, num_kv_heads, head_dim, scale,
-            sliding_window)
-
-
-@paged_attention_qkv.register_fake
 def _(*args: object) -> None:
     return None
 
@@ -111,14 +87,4 @@ class Attention(nn.Module):
         out = torch.empty_like(q)  # [T, Hq*D]
         torch.ops.graphrunner.paged_attention(q, k, v, out, self.layer_idx, self.num_heads, self.num_kv_heads,
                                               self.head_dim, self.scale, window)
-        return out
-
-    def forward_qkv(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_norm: torch.Tensor | None,
-                    k_norm: torch.Tensor | None, eps: float) -> torch.Tensor:
-        """qkv [T, (Hq + 2 Hkv) D] straight from the projection, cos/sin [T, 1, D/2], optional q/k norm weights
-        [D] -> [T, Hq*D]: the norms, rope and cache write happen in one kernel inside the op."""
-        window = -1 if self.sliding_window is None else self.sliding_window
-        out = qkv.new_empty(qkv.shape[0], self.num_heads * self.head_dim)  # [T, Hq*D]
-        torch.ops.graphrunner.paged_attention_qkv(qkv, cos, sin, q_norm, k_norm, eps, out, self.layer_idx,
-                                                  self.num_heads, self.num_kv_heads, self.head_dim, self.scale, window)
         return out

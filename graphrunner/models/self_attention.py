@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from graphrunner.attention import Attention
-from graphrunner.attention import layer as attention_layer
+from graphrunner.models import qkv_prep
 from graphrunner.models.norm import RMSNorm
 from graphrunner.models.parallel_linear import RowParallelLinear, ShardedMergedLinear
 from graphrunner.models.rotary import apply_rotary
@@ -55,11 +55,8 @@ class SelfAttention(nn.Module):
         """hidden [T, hidden], cos/sin [T, 1, D/2] -> [T, hidden]."""
         t = hidden.shape[0]
         qkv = self.qkv_proj(hidden)  # [T, (Hq + 2 Hkv) D]
-        if attention_layer.FUSED_QKV_PREP:  # q/k norm, rope and the cache write in one kernel
-            norms = (self.q_norm, self.k_norm) if self.q_norm is not None and self.k_norm is not None else None
-            return self.o_proj(self.attn.forward_qkv(qkv, cos, sin, norms[0].weight if norms else None,
-                                                     norms[1].weight if norms else None,
-                                                     norms[0].eps if norms else 0.0))
+        if qkv_prep.FUSED_QKV_PREP:  # q/k norm, rope and the cache write in one kernel
+            return self.o_proj(self._fused_attention(qkv, cos, sin))
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         # unflatten / clone rather than reshape / contiguous: on the strided split those ask whether T == 1,
         # and torch.compile would then trace a second graph for one-token steps (capture/compiled.py)
@@ -72,3 +69,14 @@ class SelfAttention(nn.Module):
         k = apply_rotary(k, cos, sin).reshape(t, self.kv_size)  # [T, Hkv*D]
         out = self.attn(q, k, v.clone(memory_format=torch.contiguous_format))  # [T, Hq*D]
         return self.o_proj(out)
+
+    def _fused_attention(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """qkv [T, (Hq + 2 Hkv) D] -> attention output [T, Hq*D] through graphrunner::paged_attention_qkv."""
+        attn = self.attn
+        normed = self.q_norm is not None and self.k_norm is not None
+        out = qkv.new_empty(qkv.shape[0], self.q_size)  # [T, Hq*D]
+        torch.ops.graphrunner.paged_attention_qkv(
+            qkv, cos, sin, self.q_norm.weight if normed else None, self.k_norm.weight if normed else None,
+            self.q_norm.eps if normed else 0.0, out, attn.layer_idx, attn.num_heads, attn.num_kv_heads,
+            attn.head_dim, attn.scale, -1 if attn.sliding_window is None else attn.sliding_window)
+        return out

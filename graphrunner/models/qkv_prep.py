@@ -1,7 +1,7 @@
 """Attention's prologue in one kernel: split a token's fused qkv row, apply the optional per-head RMSNorm (Qwen3's
 q/k norms), rotate q and k (neox layout) and write k and v into the paged cache at the token's slot; q goes to its
-own buffer. It replaces the per-layer norm / rope / copy kernels and `write_kv_triton` (issue 17).
-`qkv_prep_ref` is the PyTorch reference: RMSNorm and apply_rotary as the models compute them, then write_kv_ref.
+own buffer. It replaces the per-layer norm / rope / copy kernels and `write_kv_triton` (issue 17), behind the op
+`graphrunner::paged_attention_qkv`. `qkv_prep_ref` is the PyTorch reference (the models' own RMSNorm and rope).
 """
 
 from __future__ import annotations
@@ -10,10 +10,17 @@ import torch
 import triton
 import triton.language as tl
 
+from graphrunner.attention.context import get_forward_context
+from graphrunner.attention.layer import attend
 from graphrunner.attention.reference import write_kv_ref
+from graphrunner.env import env_choice
 from graphrunner.kernel_checks import check_tensor
 from graphrunner.models.norm import rms_norm
 from graphrunner.models.rotary import apply_rotary
+
+# GRAPHRUNNER_FUSED_QKV_PREP=1: SelfAttention hands the op below its fused qkv row and q/k norms; off until
+# measured on the H200 (docs/DECISIONS.md).
+FUSED_QKV_PREP = env_choice("GRAPHRUNNER_FUSED_QKV_PREP", ("0", "1"), "0") == "1"
 
 
 def qkv_prep_ref(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_norm: torch.Tensor | None,
@@ -133,3 +140,23 @@ def qkv_prep_triton(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_n
         num_warps=1 if head_dim <= 128 else 2,
     )
     return q_out
+
+
+@torch.library.custom_op("graphrunner::paged_attention_qkv", mutates_args=("out",))
+def paged_attention_qkv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_norm: torch.Tensor | None,
+                        k_norm: torch.Tensor | None, eps: float, out: torch.Tensor, layer_idx: int, num_heads: int,
+                        num_kv_heads: int, head_dim: int, scale: float, sliding_window: int) -> None:
+    """graphrunner::paged_attention from the fused projection: qkv [T, (Hq + 2 Hkv) D], cos/sin [T, 1, D/2],
+    optional per-head q/k RMSNorm weights [D] -> out [T, Hq*D]. The prologue kernel norms, ropes and writes k/v
+    into the context's cache; like paged_attention, torch.compile's piecewise graphs split here."""
+    ctx = get_forward_context()
+    prep = qkv_prep_triton if ctx.backend == "triton" else qkv_prep_ref
+    q = prep(qkv, cos, sin, q_norm, k_norm, eps, ctx.kv_cache[layer_idx], ctx.meta.slot_mapping, num_heads,
+             num_kv_heads, head_dim)  # [T, Hq*D]
+    attend(q.view(q.shape[0], num_heads, head_dim), out, layer_idx, num_heads, num_kv_heads, head_dim, scale,
+           sliding_window)
+
+
+@paged_attention_qkv.register_fake
+def _(*args: object) -> None:
+    return None
