@@ -6,7 +6,7 @@ tempered logits), the residual pick (the same without the draft token) and the s
 draft row. One program per request then walks its rows on those partials until the first rejection. The
 one-program walk over whole rows cost ~80 µs per row at a 152K vocabulary, one row after another (k = 4 verifies
 up to 5). Picks equal rejection.py's (exact maxima, lowest index on ties); one-hot q (draft_probs None) only.
-Off until measured on a GPU: GRAPHRUNNER_SPLIT_REJECTION=1 turns it on (docs/DECISIONS.md).
+Off until a clean A/B (one H200 run: ~-0.13 ms per verify step): GRAPHRUNNER_SPLIT_REJECTION=1 (docs/DECISIONS.md).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from graphrunner.sampling.rejection import (
     rejection_sample_triton,
 )
 
-# read once at import, for A/B runs: "0" (default until an H200 run has measured it) the one-program-per-request
+# read once at import, for A/B runs: "0" (default until a clean H200 A/B) the one-program-per-request
 # kernel, "1" this split kernel wherever q is one-hot
 SPLIT_REJECTION_ENABLED: bool = env_choice("GRAPHRUNNER_SPLIT_REJECTION", ("0", "1"), "0") == "1"
 _NF, _NI = 4, 2  # float partials per (row, chunk): plain max, residual max, softmax max, softmax sum; int: the two picks
