@@ -172,3 +172,12 @@ def test_run_sampler_fused_check_equals_unfused(setting: str, logprobs_mode: str
             for name in ("top_ids", "top_logprobs", "token_logprob", "token_rank"):
                 ours, theirs = getattr(results[0].logprobs, name), getattr(other.logprobs, name)
                 torch.testing.assert_close(ours[keep], theirs[keep])
+
+
+@pytest.mark.parametrize("vocab", [1, 1000, 1025, 151_936, 2_000_000])
+def test_chunk_pad_covers_every_batch_size(vocab: int) -> None:
+    """One C_PAD per vocabulary (no new compiled variant per batch size) that holds every split_plan's chunks."""
+    pad = gumbel_split.chunk_pad(vocab)
+    for num_reqs in (1, 2, 3, 5, 8, 33, 256, 1024):
+        chunk, num_chunks = gumbel_split.split_plan(num_reqs, vocab, torch.device("cpu"))
+        assert 1 <= num_chunks <= pad and chunk * num_chunks >= vocab and pad >= 16

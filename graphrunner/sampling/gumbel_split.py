@@ -131,6 +131,12 @@ def _counter_buffer(device: torch.device) -> Tensor | None:
 
 
 
+def chunk_pad(vocab_size: int) -> int:
+    """C_PAD of the kernels that reduce a row's chunk partials: the most chunks split_plan can give this vocabulary,
+    padded, so one compiled variant serves every batch size (a per-call value compiled new variants mid-run)."""
+    return max(16, triton.next_power_of_2(min(triton.cdiv(vocab_size, _BLOCK_V), _MAX_CHUNKS)))
+
+
 def split_plan(num_reqs: int, vocab_size: int, device: torch.device) -> tuple[int, int]:
     """(chunk, num_chunks): chunks of a multiple of _BLOCK_V entries, about _PROGRAMS_PER_SM programs per SM."""
     max_chunks = min(triton.cdiv(vocab_size, _BLOCK_V), _MAX_CHUNKS)
@@ -157,7 +163,7 @@ def sample_split_triton(
     part_val = torch.empty(num_reqs, num_chunks, dtype=torch.float32, device=logits.device)  # [B, C] float32
     part_idx = torch.empty(num_reqs, num_chunks, dtype=torch.int32, device=logits.device)  # [B, C] int32
     part_bad = torch.empty(num_reqs, num_chunks, dtype=torch.int32, device=logits.device)  # [B, C] int32
-    c_pad = max(16, triton.next_power_of_2(num_chunks))
+    c_pad = chunk_pad(vocab_size)
     counters = _counter_buffer(logits.device) if SPLIT_SAMPLE_SERIAL and num_reqs <= _MAX_ROWS else None
     _split_sample_partial_kernel[(num_reqs, num_chunks)](
         logits, logits.stride(0), logits.stride(1), idx_mapping.contiguous(), temperature.contiguous(),

@@ -19,7 +19,7 @@ from torch import Tensor
 from graphrunner.env import env_choice
 from graphrunner.kernel_checks import step_sizes
 from graphrunner.sampling.gumbel import _gumbel, _row_keys
-from graphrunner.sampling.gumbel_split import _BLOCK_V, split_plan
+from graphrunner.sampling.gumbel_split import _BLOCK_V, chunk_pad, split_plan
 from graphrunner.sampling.rejection import (
     _accept_uniform,
     _argmax_update,
@@ -187,7 +187,7 @@ def rejection_sample_split_triton(
     _rejection_walk_kernel[(num_reqs,)](
         logits, logits.stride(0), cu, draft_ids, draft_ids.stride(0), num_drafts, temperature, seeds, positions,
         part_f, part_i, out, out.stride(0), num_accepted, vocab_size, k + 1, num_chunks,
-        C_PAD=max(16, triton.next_power_of_2(num_chunks)), num_warps=1,
+        C_PAD=chunk_pad(vocab_size), num_warps=1,
     )
     return out, num_accepted
 
