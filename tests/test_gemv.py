@@ -37,7 +37,7 @@ CASES = [  # m, n, k, config (None: default_config)
     (8, 70, 1030, GemvConfig(16, 64, 4)),  # split-K, last split short
     (5, 33, 200, GemvConfig(32, 32, 3)),
     (2, 17, 15, GemvConfig(1, 16, 1)),  # one output feature per program
-    (7, 130, 129, GemvConfig(4, 16, 5)),  # more splits than fit: k_per_split rounds up, no empty split
+    (7, 50, 129, GemvConfig(4, 16, 5)),  # more splits than fit: k_per_split rounds up, no empty split
     (1, 50, 1000, GemvConfig(8, 128, 2, num_warps=2)),
     (6, 90, 700, GemvConfig(2, 256, 3, num_stages=3)),
     (1, 40, 513, GemvConfig(16, 64, 4, num_warps=8)),
@@ -75,9 +75,9 @@ def test_dot_path_matches_reference(m: int, n: int, k: int, config: GemvConfig, 
 def test_rows_bit_equal_whatever_m(config: GemvConfig) -> None:
     """Row i of an M-row call equals the same row alone or in any other M (what keeps graphs == eager when a
     step is padded from M to the next captured size)."""
-    x, w, b = _data(gemv.MAX_M, 70, 300, DOT_DTYPES[-1] if config.use_dot else torch.bfloat16, seed=11, bias=True)
+    x, w, b = _data(gemv.MAX_M, 30, 200, DOT_DTYPES[-1] if config.use_dot else torch.bfloat16, seed=11, bias=True)
     full = gemv_triton(x, w, b, config)
-    for m in range(1, gemv.MAX_M + 1):
+    for m in range(1, gemv.MAX_M + 1) if DEVICE == "cuda" else (1, 3, 7):  # (the interpreter is slow)
         assert torch.equal(gemv_triton(x[:m], w, b, config), full[:m]), m
     assert torch.equal(gemv_triton(x[5:6], w, b, config), full[5:6])
 
@@ -261,3 +261,58 @@ def test_sweep_plan_picks_the_cheapest_split_between_kernels() -> None:
     assert choose_plan(ms, {1: 12.7, 2: 10.3, 4: 10.5, 8: 5.9}, {1: 3.3, 2: 3.9, 4: 5, 8: 7.2}, {}) == (4, 4)
     assert choose_plan(ms, flat, {m: 6.0 for m in ms}, {m: 6.0 for m in ms}) == (0, 0)
     assert choose_plan(ms, flat, {m: 9.0 for m in ms}, {m: 1.0 for m in ms}) == (0, 8)
+
+
+NORM_CASES = [  # m, n, k, config
+    (1, 37, 50, GemvConfig(4, 16, 1)),
+    (3, 30, 300, GemvConfig(2, 128, 2)),  # split-K: every split computes the whole row's statistics
+    (8, 33, 1030, GemvConfig(8, 256, 1, num_warps=8)),
+    (5, 64, 200, GemvConfig(16, 64, 2, use_dot=True)),
+]
+
+
+@pytest.mark.parametrize(("m", "n", "k", "config"), NORM_CASES)
+def test_norm_prologue_matches_rms_norm_then_linear(m: int, n: int, k: int, config: GemvConfig) -> None:
+    from graphrunner.models.norm import rms_norm
+
+    for dtype in DOT_DTYPES if config.use_dot else (torch.bfloat16, torch.float16):
+        x, w, b = _data(m, n, k, dtype, seed=m + n, bias=True)
+        x = x * 4  # rms far from 1: the normalisation matters
+        nw = (torch.rand(k, generator=torch.Generator().manual_seed(k)) + 0.5).to(dtype).to(DEVICE)
+        got = gemv_triton(x, w, b, config, norm=(nw, 1e-6))
+        torch.testing.assert_close(got, gemv_ref(rms_norm(x, nw, 1e-6), w, b), **TOL[dtype])
+        for rows in (1, m):  # rows bit-equal whatever M
+            assert torch.equal(gemv_triton(x[:rows], w, b, config, norm=(nw, 1e-6)), got[:rows])
+
+
+def test_rms_norm_triton_matches_reference() -> None:
+    from graphrunner.models.norm import rms_norm, rms_norm_triton
+
+    for t, d in ((0, 16), (1, 1), (5, 1000), (3, 1024)):
+        for dtype in (torch.float32, torch.bfloat16, torch.float16):
+            x = (torch.randn(t, d, generator=torch.Generator().manual_seed(d)) * 3).to(dtype).to(DEVICE)
+            w = (torch.rand(d, generator=torch.Generator().manual_seed(t)) + 0.5).to(dtype).to(DEVICE)
+            tol = {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else TOL[dtype]
+            torch.testing.assert_close(rms_norm_triton(x, w, 1e-6), rms_norm(x, w, 1e-6), **tol)
+    with pytest.raises(ValueError, match="does not match weight"):
+        rms_norm_triton(torch.zeros(2, 8, device=DEVICE), torch.ones(7, device=DEVICE), 1e-6)
+
+
+def test_norm_linear_routing_and_op_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
+    """norm_linear is exactly rms_norm then linear unless GRAPHRUNNER_GEMV_NORM routes it (CUDA, tuned weight); the
+    op falls back to the norm and F.linear where no config serves M, and passes opcheck."""
+    from graphrunner.models.norm import rms_norm
+
+    x, w, b = _data(3, 24, 40, torch.bfloat16, seed=6, bias=True)
+    nw = (torch.rand(40, generator=torch.Generator().manual_seed(1)) + 0.5).to(torch.bfloat16).to(DEVICE)
+    expected = F.linear(rms_norm(x, nw, 1e-6), w, b)
+    monkeypatch.setattr(gemv, "tuned_configs", lambda: {(24, 40): (GemvConfig(4, 32, 1, max_m=2),)})
+    for flag in (False, True):
+        monkeypatch.setattr(gemv, "NORM_PROLOGUE", flag)
+        assert torch.equal(linear_mod.norm_linear(x, nw, 1e-6, w, b), expected)  # M = 3 > max_m, or off, or CPU
+    op = torch.ops.graphrunner.small_m_norm_linear
+    torch.testing.assert_close(op(x, nw, 1e-6, w, b), expected, **TOL[torch.bfloat16])
+    if DEVICE == "cuda":  # M = 2: the prologue
+        assert torch.equal(op(x[:2], nw, 1e-6, w, b),
+                           gemv_triton(x[:2], w, b, GemvConfig(4, 32, 1, max_m=2), norm=(nw, 1e-6)))
+    torch.library.opcheck(op.default, (x, nw, 1e-6, w, b), test_utils=("test_schema", "test_faketensor"))

@@ -14,9 +14,11 @@
 #                                       # 0.6B layer shape (the tuned table: $OUT/gemv/gemv_configs.json)
 #   bash tools/gpu_checks.sh l1-ab      # GEMV engine tests, then L1/L2: cuBLAS + old attention splits, cuBLAS + new,
 #                                       # GEMV (GEMV_TABLE, default the committed table) + new; kernel table
-#                                       # (L1_RUNS picks among base attn gemv fused combo cdt; fused = the one-kernel
-#                                       # q/k-norm + rope + KV write, combo/cdt = Inductor options)
-#   bash tools/gpu_checks.sh fused-tests # qkv_prep on CUDA, then the GPU engine and capture tests with it on
+#                                       # (L1_RUNS picks among base attn gemv fused norm both combo cdt autotune;
+#                                       # fused = the one-kernel q/k-norm + rope + KV write, norm = the layer norms in
+#                                       # the GEMV's prologue, combo/cdt/autotune = Inductor options)
+#   bash tools/gpu_checks.sh fused-tests # qkv_prep and GEMV kernels on CUDA, then the GPU engine, capture and EAGLE
+#                                        # tests with the fused attention prologue and the GEMV norm prologue on
 #   bash tools/gpu_checks.sh bench2     # T1 with and without penalties, P1 (with profile), L1 step breakdown
 #   bash tools/gpu_checks.sh p1         # P1 alone (hit vs miss TTFT, with profile)
 #   bash tools/gpu_checks.sh p1-rows    # P1 with 128-row split prefill tiles vs 64 (+ the attention tests on CUDA)
@@ -170,7 +172,7 @@ l1-ab)
   T 240 python3 -m pytest -q -p no:cacheprovider -m gpu --durations=5 tests/test_gpu_gemv_engine.py \
     > "$R/pytest_gemv_engine.log" 2>&1
   echo "pytest rc=$?" >> "$R/pytest_gemv_engine.log"
-  lat() { T 130 python3 tools/bench_latency.py --model /tmp/q06 --no-peer --workloads L1,L2 --batch-sizes 8 \
+  lat() { T "${LAT_LIMIT:-130}" python3 tools/bench_latency.py --model /tmp/q06 --no-peer --workloads L1,L2 --batch-sizes 8 \
     --json "$R/$1.json" > "$R/$1.log" 2>&1; }
   for run in ${L1_RUNS:-base attn gemv}; do
     case $run in
@@ -178,18 +180,26 @@ l1-ab)
       attn) GRAPHRUNNER_GEMV=0 lat attn ;;
       gemv) GRAPHRUNNER_GEMV_CONFIGS=$gt lat gemv ;;
       fused) GRAPHRUNNER_GEMV_CONFIGS=$gt GRAPHRUNNER_FUSED_QKV_PREP=1 lat fused ;;
+      norm) GRAPHRUNNER_GEMV_CONFIGS=$gt GRAPHRUNNER_GEMV_NORM=1 lat norm ;;
+      both) GRAPHRUNNER_GEMV_CONFIGS=$gt GRAPHRUNNER_GEMV_NORM=1 GRAPHRUNNER_FUSED_QKV_PREP=1 lat both ;;
       combo) GRAPHRUNNER_GEMV_CONFIGS=$gt GRAPHRUNNER_INDUCTOR_CONFIG=combo_kernels=1 lat combo ;;
       cdt) GRAPHRUNNER_GEMV_CONFIGS=$gt GRAPHRUNNER_INDUCTOR_CONFIG=coordinate_descent_tuning=1 lat cdt ;;
+      # Inductor's Triton GEMM templates instead of the GEMV (they can fuse the RMSNorm prologue); slow to compile
+      autotune) GRAPHRUNNER_GEMV=0 LAT_LIMIT=300 \
+        GRAPHRUNNER_INDUCTOR_CONFIG=max_autotune_gemm=1,max_autotune_gemm_backends=TRITON lat autotune ;;
     esac
   done
   GRAPHRUNNER_GEMV_CONFIGS=$gt T 150 python3 tools/bench_step_breakdown.py --model /tmp/q06 \
     --json "$R/step_breakdown.json" > "$R/step_breakdown.log" 2>&1
   ;;
 fused-tests)
-  T 120 python3 -m pytest -q -p no:cacheprovider tests/test_qkv_prep.py > "$R/pytest_qkv_prep.log" 2>&1
-  echo "pytest rc=$?" >> "$R/pytest_qkv_prep.log"
-  GRAPHRUNNER_FUSED_QKV_PREP=1 T 400 python3 -m pytest -q -p no:cacheprovider -m gpu --durations=5 \
-    tests/test_gpu_engine.py tests/test_gpu_capture.py tests/test_spec_eagle.py > "$R/pytest_gpu_fused.log" 2>&1
+  # the fused attention prologue and the GEMV's norm prologue: kernels on CUDA, then the GPU engine tests with both on
+  T 150 python3 -m pytest -q -p no:cacheprovider tests/test_qkv_prep.py tests/test_gemv.py \
+    > "$R/pytest_kernels.log" 2>&1
+  echo "pytest rc=$?" >> "$R/pytest_kernels.log"
+  GRAPHRUNNER_FUSED_QKV_PREP=1 GRAPHRUNNER_GEMV_NORM=1 T 400 python3 -m pytest -q -p no:cacheprovider -m gpu --durations=5 \
+    tests/test_gpu_engine.py tests/test_gpu_capture.py tests/test_spec_eagle.py tests/test_gpu_gemv_engine.py \
+    > "$R/pytest_gpu_fused.log" 2>&1
   echo "pytest rc=$?" >> "$R/pytest_gpu_fused.log"
   ;;
 p1)

@@ -39,8 +39,12 @@ class DecoderLayer(nn.Module):
 
     def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """hidden [T, H] -> [T, H]."""
-        hidden = hidden + self.self_attn(self.input_layernorm(hidden), cos, sin)
-        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+        norm = self.input_layernorm
+        if isinstance(norm, RMSNorm):  # the norms travel with their projections (norm_linear may fuse them)
+            hidden = hidden + self.self_attn(hidden, cos, sin, norm=norm)
+        else:  # an EAGLE head's first layer has no input norm (nn.Identity)
+            hidden = hidden + self.self_attn(norm(hidden), cos, sin)
+        return hidden + self.mlp(hidden, norm=self.post_attention_layernorm)
 
 
 class DecoderModel(nn.Module):

@@ -22,6 +22,7 @@ from torch import Tensor
 
 from graphrunner.kernel_checks import check_tensor
 from graphrunner.kernel_checks import num_sms as _num_sms
+from graphrunner.models.norm import rms_norm, rms_norm_triton
 
 MAX_M = 8  # token counts above this go to cuBLAS
 _DTYPES = (torch.bfloat16, torch.float16)
@@ -29,6 +30,9 @@ _DTYPES = (torch.bfloat16, torch.float16)
 # $GRAPHRUNNER_GEMV_CONFIGS names another file, GRAPHRUNNER_GEMV=0 turns the routing off (cuBLAS everywhere).
 TUNED_CONFIGS_FILE = Path(__file__).with_name("gemv_configs.json")
 ENABLED = os.environ.get("GRAPHRUNNER_GEMV", "1").strip() != "0"
+# GRAPHRUNNER_GEMV_NORM=1: an RMSNorm feeding a routed linear runs in the GEMV's prologue (models.linear.norm_linear);
+# off until measured on the H200 (docs/DECISIONS.md)
+NORM_PROLOGUE = os.environ.get("GRAPHRUNNER_GEMV_NORM", "0").strip() == "1"
 
 
 @dataclass(frozen=True)
@@ -115,10 +119,17 @@ def default_config(n: int, k: int, device: torch.device) -> GemvConfig:
 
 
 @triton.jit
+def _normed(x, inv, norm_w):
+    # HF's RMSNorm on a loaded tile: x * (1 / rms) in float32, cast back to x's dtype, then times the weight
+    return (norm_w.to(tl.float32) * (x.to(tl.float32) * inv).to(x.dtype).to(tl.float32)).to(x.dtype)
+
+
+@triton.jit
 def _gemv_kernel(
     x_ptr,  # [M, K] bf16/fp16, unit stride along K
     w_ptr,  # [N, K] bf16/fp16, unit stride along K
     b_ptr,  # [N] or unused
+    norm_ptr,  # [K] RMSNorm weight applied to x first (NORM) or unused
     out_ptr,  # [M, N]
     part_ptr,  # [num_splits, M, N] float32 (SPLIT)
     counter_ptr,  # [>= N tiles] int32, zero between launches (SPLIT)
@@ -130,12 +141,14 @@ def _gemv_kernel(
     stride_om,
     k_per_split,  # a multiple of BLOCK_K
     num_splits,
+    eps,  # RMSNorm epsilon (NORM)
     M_PAD: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     SPLIT: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     USE_DOT: tl.constexpr,
+    NORM: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -145,22 +158,43 @@ def _gemv_kernel(
     k_start = pid_k * k_per_split
     k_end = tl.minimum(k_start + k_per_split, K)
     w_rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn  # [BLOCK_N, 1]
+    x_rows = x_ptr + tl.minimum(rows, M - 1)[:, None].to(tl.int64) * stride_xm  # [M_PAD, 1]: padding re-reads M - 1
+    inv = tl.zeros((M_PAD,), dtype=tl.float32)  # NORM: 1 / rms of each x row over all of K (every split needs it)
+    if NORM:
+        ss = tl.zeros((M_PAD,), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            if USE_DOT:
+                xk = tl.load(x_rows + offs_k[None, :], mask=(offs_k < K)[None, :], other=0.0).to(tl.float32)
+                ss += tl.sum(xk * xk, axis=1)
+            else:  # row by row through the same [BLOCK_K] reduction, as the products below
+                for m in tl.static_range(M_PAD):
+                    xk = tl.load(x_ptr + tl.minimum(M - 1, m) * stride_xm + offs_k, mask=offs_k < K,
+                                 other=0.0).to(tl.float32)
+                    ss = tl.where(rows == m, ss + tl.sum(xk * xk, axis=0), ss)
+        inv = tl.rsqrt(ss / K + eps)
     acc = tl.zeros((M_PAD, BLOCK_N), dtype=tl.float32)
     for k0 in range(k_start, k_end, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_mask = offs_k < k_end
         w = tl.load(w_rows + offs_k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)  # [BN, BK]
-        if USE_DOT:  # M_PAD is always 16 here: one instruction shape whatever M, padding rows re-read row M - 1
-            x_rows = x_ptr + tl.minimum(rows, M - 1)[:, None].to(tl.int64) * stride_xm
+        if NORM:
+            norm_w = tl.load(norm_ptr + offs_k, mask=k_mask, other=0.0)  # [BK]
+        else:
+            norm_w = offs_k  # unused
+        if USE_DOT:  # M_PAD is always 16 here: one instruction shape whatever M
             x = tl.load(x_rows + offs_k[None, :], mask=k_mask[None, :], other=0.0)  # [16, BK]
+            if NORM:
+                x = _normed(x, inv[:, None], norm_w[None, :])
             acc = tl.dot(x, tl.trans(w), acc)
         else:
             wf = w.to(tl.float32)
             # One x row at a time through the same [BLOCK_N, BLOCK_K] reduction: row m's sums do not see M_PAD.
             for m in tl.static_range(M_PAD):
-                row = tl.minimum(M - 1, m)  # padding rows re-read the last real row; their results are not stored
-                xm = tl.load(x_ptr + row * stride_xm + offs_k, mask=k_mask, other=0.0).to(tl.float32)  # [BK]
-                part = tl.sum(wf * xm[None, :], axis=1)  # [BLOCK_N]
+                xm = tl.load(x_ptr + tl.minimum(M - 1, m) * stride_xm + offs_k, mask=k_mask, other=0.0)  # [BK]
+                if NORM:
+                    xm = _normed(xm, tl.sum(tl.where(rows == m, inv, 0.0), axis=0), norm_w)
+                part = tl.sum(wf * xm.to(tl.float32)[None, :], axis=1)  # [BLOCK_N]
                 acc = tl.where(rows[:, None] == m, acc + part[None, :], acc)
     mask = (rows < M)[:, None] & n_mask[None, :]
     out = out_ptr + rows[:, None].to(tl.int64) * stride_om + offs_n[None, :]
@@ -219,15 +253,21 @@ def gemv_ref(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:  # [M, N
     return out.to(x.dtype)
 
 
-def gemv_triton(x: Tensor, weight: Tensor, bias: Tensor | None, config: GemvConfig | None = None) -> Tensor:
-    """x [M <= 8, K] @ weight [N, K]^T (+ bias [N]) -> [M, N] in x's dtype, float32 accumulation."""
+def gemv_triton(x: Tensor, weight: Tensor, bias: Tensor | None, config: GemvConfig | None = None,
+                norm: tuple[Tensor, float] | None = None) -> Tensor:
+    """x [M <= 8, K] @ weight [N, K]^T (+ bias [N]) -> [M, N] in x's dtype, float32 accumulation. With
+    norm = (RMSNorm weight [K], eps) x is normalised first, inside the kernel (models.norm.rms_norm's numerics)."""
     _check(x, weight, bias)
+    if norm is not None:
+        check_tensor(norm[0], "norm weight", x.dtype, 1, x.device)
+        if norm[0].shape[0] != x.shape[1]:
+            raise ValueError(f"norm weight [{norm[0].shape[0]}] does not match K = {x.shape[1]}")
     m, k = x.shape
     n = weight.shape[0]
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)  # [M, N]
     if m == 0 or n == 0:
         return out
-    if k == 0:
+    if k == 0:  # (a norm over zero features is empty too)
         return out.copy_(bias.expand(m, n)) if bias is not None else out.zero_()
     x = x if x.stride(1) == 1 else x.contiguous()
     weight = weight if weight.stride(1) == 1 else weight.contiguous()
@@ -241,9 +281,11 @@ def gemv_triton(x: Tensor, weight: Tensor, bias: Tensor | None, config: GemvConf
     part = torch.empty(split_k, m, n, dtype=torch.float32, device=x.device) if split_k > 1 else out
     bias_arg = bias if bias is not None else out  # unused when HAS_BIAS is off
     _gemv_kernel[(tiles, split_k)](
-        x, weight, bias_arg, out, part, counters if counters is not None else out, m, n, k, x.stride(0),
-        weight.stride(0), out.stride(0), k_per_split, split_k, M_PAD=16 if cfg.use_dot else triton.next_power_of_2(m),
+        x, weight, bias_arg, norm[0] if norm is not None else out, out, part, counters if counters is not None else out,
+        m, n, k, x.stride(0), weight.stride(0), out.stride(0), k_per_split, split_k,
+        float(norm[1]) if norm is not None else 0.0, M_PAD=16 if cfg.use_dot else triton.next_power_of_2(m),
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT=split_k > 1, HAS_BIAS=bias is not None, USE_DOT=cfg.use_dot,
+        NORM=norm is not None,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out
@@ -261,4 +303,20 @@ def small_m_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
 
 @small_m_linear.register_fake
 def _(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    return x.new_empty(x.shape[0], weight.shape[0])
+
+
+@torch.library.custom_op("graphrunner::small_m_norm_linear", mutates_args=())
+def small_m_norm_linear(x: Tensor, norm_weight: Tensor, eps: float, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """linear(rms_norm(x)) for x [M, K] -> [M, N]: the GEMV with the norm in its prologue where a tuned config
+    serves M, else one RMSNorm launch (rms_norm_triton on CUDA) and F.linear."""
+    config = config_for(x.shape[0], weight.shape[0], weight.shape[1]) if x.device.type == "cuda" else None
+    if config is not None and x.dtype in _DTYPES:
+        return gemv_triton(x, weight, bias, config, norm=(norm_weight, eps))
+    normed = rms_norm_triton(x, norm_weight, eps) if x.device.type == "cuda" else rms_norm(x, norm_weight, eps)
+    return F.linear(normed, weight, bias)
+
+
+@small_m_norm_linear.register_fake
+def _(x: Tensor, norm_weight: Tensor, eps: float, weight: Tensor, bias: Tensor | None) -> Tensor:
     return x.new_empty(x.shape[0], weight.shape[0])

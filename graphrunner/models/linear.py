@@ -14,7 +14,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from graphrunner.models import gemv
 from graphrunner.models.gemv import routes_to_gemv
+from graphrunner.models.norm import RMSNorm, rms_norm
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -25,11 +27,25 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return F.linear(x, weight, bias)
 
 
+def norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
+                bias: torch.Tensor | None = None) -> torch.Tensor:
+    """linear(rms_norm(x)): with GRAPHRUNNER_GEMV_NORM=1 and a weight the GEMV serves, the op
+    `graphrunner::small_m_norm_linear` (the norm inside the GEMV's prologue at small token counts); otherwise
+    exactly the norm, then `linear`."""
+    if gemv.NORM_PROLOGUE and x.dim() == 2 and routes_to_gemv(weight):
+        return torch.ops.graphrunner.small_m_norm_linear(x, norm_weight, eps, weight, bias)
+    return linear(rms_norm(x, norm_weight, eps), weight, bias)
+
+
 class Linear(nn.Linear):
     """nn.Linear whose forward goes through `linear` (same parameters, same checkpoint names)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return linear(x, self.weight, self.bias)
+
+    def forward_normed(self, x: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
+        """self(norm(x)), through norm_linear."""
+        return norm_linear(x, norm.weight, norm.eps, self.weight, self.bias)
 
 
 class MergedLinear(Linear):

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from graphrunner.models.norm import RMSNorm
 from graphrunner.models.parallel_linear import RowParallelLinear, ShardedMergedLinear
 from graphrunner.parallel_state import shard_range
 
@@ -21,7 +22,9 @@ class GatedMLP(nn.Module):
         self.gate_up_proj = ShardedMergedLinear(hidden_size, (piece, piece), bias=bias)
         self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias=bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x [T, hidden] -> [T, hidden]."""
-        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)  # each [T, I]
+    def forward(self, x: torch.Tensor, norm: RMSNorm | None = None) -> torch.Tensor:
+        """x [T, hidden] -> [T, hidden]; `norm`: the layer's post-attention norm, applied here (models.linear.
+        norm_linear may fold it into gate_up)."""
+        gate_up = self.gate_up_proj(x) if norm is None else self.gate_up_proj.forward_normed(x, norm)
+        gate, up = gate_up.split(self.intermediate_size, dim=-1)  # each [T, I]
         return self.down_proj(F.silu(gate) * up)

@@ -51,10 +51,12 @@ class SelfAttention(nn.Module):
         self.k_norm: RMSNorm | None = RMSNorm(head_dim, norm_eps) if qk_norm else None
         self.attn = Attention(self.num_heads, self.num_kv_heads, head_dim, scale, layer_idx, sliding_window=sliding_window)
 
-    def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """hidden [T, hidden], cos/sin [T, 1, D/2] -> [T, hidden]."""
+    def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                norm: RMSNorm | None = None) -> torch.Tensor:
+        """hidden [T, hidden], cos/sin [T, 1, D/2] -> [T, hidden]; `norm`: the layer's input norm, applied here
+        (models.linear.norm_linear may fold it into the QKV projection)."""
         t = hidden.shape[0]
-        qkv = self.qkv_proj(hidden)  # [T, (Hq + 2 Hkv) D]
+        qkv = self.qkv_proj(hidden) if norm is None else self.qkv_proj.forward_normed(hidden, norm)  # [T, (Hq+2Hkv)D]
         if qkv_prep.FUSED_QKV_PREP:  # q/k norm, rope and the cache write in one kernel
             return self.o_proj(self._fused_attention(qkv, cos, sin))
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
