@@ -32,7 +32,7 @@ def norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: 
     """linear(rms_norm(x)): with GRAPHRUNNER_GEMV_NORM=1 and a weight the GEMV serves, the op
     `graphrunner::small_m_norm_linear` (the norm inside the GEMV's prologue at small token counts); otherwise
     exactly the norm, then `linear`."""
-    if gemv.NORM_PROLOGUE and x.dim() == 2 and routes_to_gemv(weight):
+    if gemv.NORM_PROLOGUE and x.dim() == 2 and norm_weight.dtype == weight.dtype and routes_to_gemv(weight):
         return torch.ops.graphrunner.small_m_norm_linear(x, norm_weight, eps, weight, bias)
     return linear(rms_norm(x, norm_weight, eps), weight, bias)
 
