@@ -40,6 +40,8 @@ kt = _load()
     ("triton_poi_fused_add_mul_silu_0", "inductor fused"),
     ("triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_1", "inductor fused"),
     ("_write_kv_kernel", "kv write / memcpy"),
+    ("_qkv_prep_kernel", "kv write / memcpy"),
+    ("_rms_norm_kernel", "inductor fused"),
     ("Memcpy DtoD (Device -> Device)", "kv write / memcpy"),
     ("void at::native::vectorized_elementwise_kernel<4, at::native::isfinite>", "other"),
     ("_post_update_kernel", "other"),

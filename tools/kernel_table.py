@@ -19,10 +19,13 @@ _PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (  # first match wins
     ("attention", re.compile(r"unified_attention|merge_splits|paged_attention|flash_|fmha", re.IGNORECASE)),
     ("sampling", re.compile(r"sample|gumbel|penalt|top_?k|top_?p|min_p|logprob|argmax|_filter|bad_word|allowed",
                             re.IGNORECASE)),
-    ("kv write / memcpy", re.compile(r"write_kv|memcpy|memset|copy_kernel|CatArrayBatched", re.IGNORECASE)),
+    # (_qkv_prep_kernel: the fused q/k norm + rope + KV write, GRAPHRUNNER_FUSED_QKV_PREP)
+    ("kv write / memcpy", re.compile(r"write_kv|qkv_prep|memcpy|memset|copy_kernel|CatArrayBatched",
+                                     re.IGNORECASE)),
     ("GEMMs (layers)", re.compile(r"gemm|gemv|nvjet|cutlass|xmma|splitKreduce|split_k_reduce|cublas|triton_tem_"
                                   r"|_mm_|matmul|sm90_|sm80_", re.IGNORECASE)),
-    ("inductor fused", re.compile(r"^triton_(poi|red|per|for)_")),
+    # (_rms_norm_kernel: the GEMV norm prologue's fallback above max_m, standing in for Inductor's norm kernels)
+    ("inductor fused", re.compile(r"^triton_(poi|red|per|for)_|^_rms_norm_kernel")),
 )
 _REDUCE = re.compile(r"splitKreduce|split_k_reduce", re.IGNORECASE)
 
