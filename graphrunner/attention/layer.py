@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from graphrunner.attention.context import get_forward_context
+from graphrunner.attention.context import ForwardContext, get_forward_context
 from graphrunner.attention.reference import paged_attention_ref, write_kv_ref
 from graphrunner.attention.triton_attention import (
     choose_num_splits,
@@ -22,11 +22,10 @@ from graphrunner.attention.triton_attention import (
 )
 
 
-def attend(q3: torch.Tensor, out: torch.Tensor, layer_idx: int, num_heads: int, num_kv_heads: int,
-           head_dim: int, scale: float, sliding_window: int) -> None:
+def attend(ctx: ForwardContext, q3: torch.Tensor, out: torch.Tensor, layer_idx: int, num_heads: int,
+           num_kv_heads: int, head_dim: int, scale: float, sliding_window: int) -> None:
     """q3 [T, Hq, D] over the context's cache layer (this step's K/V already written) -> out [T, Hq*D]; shared by
-    the attention ops (here and models/qkv_prep.py)."""
-    ctx = get_forward_context()
+    the attention ops (here and models/qkv_prep.py), which pass in the forward context they already hold."""
     meta = ctx.meta
     layer_cache = ctx.kv_cache[layer_idx]  # [2, num_blocks, block_size, Hkv, D]
     t = q3.shape[0]
@@ -58,7 +57,7 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torc
     v3 = v.view(t, num_kv_heads, head_dim)
     write_kv = write_kv_triton if ctx.backend == "triton" else write_kv_ref
     write_kv(k3, v3, ctx.kv_cache[layer_idx], ctx.meta.slot_mapping)
-    attend(q.view(t, num_heads, head_dim), out, layer_idx, num_heads, num_kv_heads, head_dim, scale, sliding_window)
+    attend(ctx, q.view(t, num_heads, head_dim), out, layer_idx, num_heads, num_kv_heads, head_dim, scale, sliding_window)
 
 
 @paged_attention.register_fake

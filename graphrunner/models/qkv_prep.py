@@ -153,7 +153,7 @@ def paged_attention_qkv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     prep = qkv_prep_triton if ctx.backend == "triton" else qkv_prep_ref
     q = prep(qkv, cos, sin, q_norm, k_norm, eps, ctx.kv_cache[layer_idx], ctx.meta.slot_mapping, num_heads,
              num_kv_heads, head_dim)  # [T, Hq*D]
-    attend(q.view(q.shape[0], num_heads, head_dim), out, layer_idx, num_heads, num_kv_heads, head_dim, scale,
+    attend(ctx, q.view(q.shape[0], num_heads, head_dim), out, layer_idx, num_heads, num_kv_heads, head_dim, scale,
            sliding_window)
 
 
