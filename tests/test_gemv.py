@@ -316,3 +316,15 @@ def test_norm_linear_routing_and_op_fallback(monkeypatch: pytest.MonkeyPatch) ->
         assert torch.equal(op(x[:2], nw, 1e-6, w, b),
                            gemv_triton(x[:2], w, b, GemvConfig(4, 32, 1, max_m=2), norm=(nw, 1e-6)))
     torch.library.opcheck(op.default, (x, nw, 1e-6, w, b), test_utils=("test_schema", "test_faketensor"))
+
+
+@pytest.mark.parametrize("name", ["GRAPHRUNNER_GEMV", "GRAPHRUNNER_GEMV_NORM"])
+def test_bad_switch_values_are_refused(name: str) -> None:
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, name: "yes"}
+    got = subprocess.run([sys.executable, "-c", "import graphrunner.models.gemv"], env=env, capture_output=True,
+                         text=True, check=False, timeout=120, cwd=Path(__file__).resolve().parents[1])
+    assert got.returncode != 0 and f"{name} must be one of 0, 1" in got.stderr, got.stderr

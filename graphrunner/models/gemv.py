@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from graphrunner.env import env_choice
 from graphrunner.kernel_checks import check_tensor
 from graphrunner.kernel_checks import num_sms as _num_sms
 from graphrunner.models.norm import rms_norm, rms_norm_triton
@@ -29,10 +30,10 @@ _DTYPES = (torch.bfloat16, torch.float16)
 # Per-(N, K) launch shapes measured on the H200 by `tools/bench_kernels.py --sweep --tuned-out FILE`;
 # $GRAPHRUNNER_GEMV_CONFIGS names another file, GRAPHRUNNER_GEMV=0 turns the routing off (cuBLAS everywhere).
 TUNED_CONFIGS_FILE = Path(__file__).with_name("gemv_configs.json")
-ENABLED = os.environ.get("GRAPHRUNNER_GEMV", "1").strip() != "0"
+ENABLED = env_choice("GRAPHRUNNER_GEMV", ("0", "1"), "1") == "1"
 # GRAPHRUNNER_GEMV_NORM=1: an RMSNorm feeding a routed linear runs in the GEMV's prologue (models.linear.norm_linear);
 # off until measured on the H200 (docs/DECISIONS.md)
-NORM_PROLOGUE = os.environ.get("GRAPHRUNNER_GEMV_NORM", "0").strip() == "1"
+NORM_PROLOGUE = env_choice("GRAPHRUNNER_GEMV_NORM", ("0", "1"), "0") == "1"
 
 
 @dataclass(frozen=True)
