@@ -16,7 +16,16 @@ import argparse
 import random
 from typing import Any
 
-from bench_common import Report, Row, add_common_args, measure_ttft_tpot, ours_generate, parse_int_list, resolve_device
+from bench_common import (
+    Report,
+    Row,
+    TritonSpecialisations,
+    add_common_args,
+    measure_ttft_tpot,
+    ours_generate,
+    parse_int_list,
+    resolve_device,
+)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -58,7 +67,15 @@ def prompts_for(workload: str, batch: int, passage_len: int, vocab: int, text_id
     return out
 
 
-def run_case(args: argparse.Namespace, device: Any, workload: str, batch: int, spec: dict | None) -> dict[str, Any]:
+def _dynamo_frames() -> int:
+    """Frames Dynamo has compiled in this process (a re-trace inside a timed repeat shows up here)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["frames"]["ok"])
+
+
+def run_case(args: argparse.Namespace, device: Any, workload: str, batch: int, spec: dict | None,
+             specs: TritonSpecialisations) -> dict[str, Any]:
     from graphrunner import LLM
 
     llm = LLM(model=args.model, max_model_len=args.max_model_len, max_num_seqs=max(batch, 1), device=str(device),
@@ -79,9 +96,17 @@ def run_case(args: argparse.Namespace, device: Any, workload: str, batch: int, s
     ours_generate(llm, prompts, args.output_len, 0.0)
     steps[0] = 0
     before = llm.engine.stats.spec_decode_counts
+    mark, frames = len(specs.seen), _dynamo_frames()
     res = measure_ttft_tpot(lambda n: ours_generate(llm, prompts, n, 0.0), args.output_len, args.repeats, device,
                             warmup_lens=(1,))
     after = llm.engine.stats.spec_decode_counts
+    # a compile inside the timed repeats (a cold cache made one n-gram run 5x slower, twelfth session): name it
+    res["new_triton_specialisations"] = specs.since(mark)
+    res["dynamo_frames_compiled"] = _dynamo_frames() - frames
+    for name in res["new_triton_specialisations"]:
+        print(f"    first launched in the timed repeats: {name}", flush=True)
+    if res["dynamo_frames_compiled"]:
+        print(f"    Dynamo compiled {res['dynamo_frames_compiled']} frame(s) in the timed repeats", flush=True)
     steps[0] = 0
     ours_generate(llm, prompts, args.output_len, 0.0)
     decode_steps = steps[0] - 1  # the first step is the prefill
@@ -105,10 +130,11 @@ def main(argv: list[str] | None = None) -> None:
         if args.draft_model is None:
             raise SystemExit(f"--method {args.method} needs --draft-model DIR")
         spec["model"] = args.draft_model
+    specs = TritonSpecialisations()
     for workload in [w.strip() for w in args.workloads.split(",") if w.strip()]:
         for batch in parse_int_list(args.batch_sizes):
-            base = run_case(args, device, workload, batch, None)
-            fast = run_case(args, device, workload, batch, spec)
+            base = run_case(args, device, workload, batch, None, specs)
+            fast = run_case(args, device, workload, batch, spec, specs)
             key = f"{workload} b={batch}"
             peer = "no spec"
             report.add(Row(key, "TPOT", "ms", False, fast["tpot_ms"], peer, base["tpot_ms"]))

@@ -17,6 +17,8 @@
 #                                       # (L1_RUNS picks among base attn gemv fused norm both combo cdt autotune;
 #                                       # fused = the one-kernel q/k-norm + rope + KV write, norm = the layer norms in
 #                                       # the GEMV's prologue, combo/cdt/autotune = Inductor options)
+#   bash tools/gpu_checks.sh l1-runs    # only the L1/L2 runs named in L1_RUNS
+#   bash tools/gpu_checks.sh defaults   # the shipped defaults: L1/L2, kernel table, T1 +- penalties, GPU tests
 #   bash tools/gpu_checks.sh fused-tests # qkv_prep and GEMV kernels on CUDA, then the GPU engine, capture and EAGLE
 #                                        # tests with the fused attention prologue and the GEMV norm prologue on
 #   bash tools/gpu_checks.sh bench2     # T1 with and without penalties, P1 (with profile), L1 step breakdown
@@ -33,7 +35,7 @@
 # limit so the last phase still ends (and is tarred) inside the device call:
 #   DEADLINE=560 bash tools/gpu_checks.sh tests-a tests-b
 set -u
-[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-cost | spec-table | gemv | l1-ab | fused-tests | p1 | p1-rows | bench2 | startup | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-cost | spec-table | gemv | l1-ab | l1-runs | defaults | fused-tests | p1 | p1-rows | bench2 | startup | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
 OUT=${OUT:-/tmp/out}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 END=$(( $(date +%s) + ${DEADLINE:-100000} ))
@@ -162,25 +164,30 @@ gemv)
   # candidate launch shape at M = 1 and the best six at M = 1, 2, 4, 8 against cuBLAS, per 0.6B layer shape
   T 150 python3 -m pytest -q -p no:cacheprovider tests/test_gemv.py > "$R/pytest_gemv.log" 2>&1
   echo "pytest rc=$?" >> "$R/pytest_gemv.log"
-  T 480 python3 tools/bench_kernels.py --only gemv --sweep --shapes "qkv,o 2048,gate_up,down" --ms 1,2,4,8 \
+  T 480 python3 tools/bench_kernels.py --only gemv --sweep --shapes "qkv,o 2048,gate_up,down" --ms 1,2,3,4,5,8 \
     --tuned-out "$R/gemv_configs.json" --json "$R/bench_gemv.json" > "$R/bench_gemv.log" 2>&1
   cp "$R/gemv_configs.json" /tmp/gemv_configs.json  # for l1-ab on the same warm machine (GEMV_TABLE=...)
   ;;
-l1-ab)
+l1-ab|l1-runs)
+  # l1-runs: only the L1/L2 runs named in L1_RUNS (no engine tests, no kernel table)
   model
   gt=${GEMV_TABLE:-graphrunner/models/gemv_configs.json}
-  T 240 python3 -m pytest -q -p no:cacheprovider -m gpu --durations=5 tests/test_gpu_gemv_engine.py \
-    > "$R/pytest_gemv_engine.log" 2>&1
-  echo "pytest rc=$?" >> "$R/pytest_gemv_engine.log"
+  if [ "$phase" = l1-ab ]; then
+    T 240 python3 -m pytest -q -p no:cacheprovider -m gpu --durations=5 tests/test_gpu_gemv_engine.py \
+      > "$R/pytest_gemv_engine.log" 2>&1
+    echo "pytest rc=$?" >> "$R/pytest_gemv_engine.log"
+  fi
   lat() { T "${LAT_LIMIT:-130}" python3 tools/bench_latency.py --model /tmp/q06 --no-peer --workloads L1,L2 --batch-sizes 8 \
     --json "$R/$1.json" > "$R/$1.log" 2>&1; }
   for run in ${L1_RUNS:-base attn gemv}; do
     case $run in
-      base) GRAPHRUNNER_GEMV=0 GRAPHRUNNER_ATTN_SPLIT_MIN_LEN=1024 GRAPHRUNNER_ATTN_SPLIT_MIN_KEYS=256 lat base ;;
-      attn) GRAPHRUNNER_GEMV=0 lat attn ;;
-      gemv) GRAPHRUNNER_GEMV_CONFIGS=$gt lat gemv ;;
+      # the fused attention prologue is on by default since 2026-12-01: base/attn/gemv turn it off (as measured then)
+      base) GRAPHRUNNER_FUSED_QKV_PREP=0 GRAPHRUNNER_GEMV=0 GRAPHRUNNER_ATTN_SPLIT_MIN_LEN=1024 \
+        GRAPHRUNNER_ATTN_SPLIT_MIN_KEYS=256 lat base ;;
+      attn) GRAPHRUNNER_FUSED_QKV_PREP=0 GRAPHRUNNER_GEMV=0 lat attn ;;
+      gemv) GRAPHRUNNER_FUSED_QKV_PREP=0 GRAPHRUNNER_GEMV_CONFIGS=$gt lat gemv ;;
       fused) GRAPHRUNNER_GEMV_CONFIGS=$gt GRAPHRUNNER_FUSED_QKV_PREP=1 lat fused ;;
-      norm) GRAPHRUNNER_GEMV_CONFIGS=$gt GRAPHRUNNER_GEMV_NORM=1 lat norm ;;
+      norm) GRAPHRUNNER_FUSED_QKV_PREP=0 GRAPHRUNNER_GEMV_CONFIGS=$gt GRAPHRUNNER_GEMV_NORM=1 lat norm ;;
       both) GRAPHRUNNER_GEMV_CONFIGS=$gt GRAPHRUNNER_GEMV_NORM=1 GRAPHRUNNER_FUSED_QKV_PREP=1 lat both ;;
       combo) GRAPHRUNNER_GEMV_CONFIGS=$gt GRAPHRUNNER_INDUCTOR_CONFIG=combo_kernels=1 lat combo ;;
       cdt) GRAPHRUNNER_GEMV_CONFIGS=$gt GRAPHRUNNER_INDUCTOR_CONFIG=coordinate_descent_tuning=1 lat cdt ;;
@@ -189,8 +196,24 @@ l1-ab)
         GRAPHRUNNER_INDUCTOR_CONFIG=max_autotune_gemm=1,max_autotune_gemm_backends=TRITON lat autotune ;;
     esac
   done
-  GRAPHRUNNER_GEMV_CONFIGS=$gt T 150 python3 tools/bench_step_breakdown.py --model /tmp/q06 \
+  [ "$phase" = l1-ab ] && GRAPHRUNNER_GEMV_CONFIGS=$gt T 150 python3 tools/bench_step_breakdown.py --model /tmp/q06 \
     --json "$R/step_breakdown.json" > "$R/step_breakdown.log" 2>&1
+  ;;
+defaults)
+  # the shipped defaults (GEMV table, fused attention prologue): L1/L2 and the kernel table, T1 with and without
+  # penalties, then the GPU tests the fused-tests phase did not run, and the prologue's kernel tests on CUDA
+  model
+  T 130 python3 tools/bench_latency.py --model /tmp/q06 --no-peer --workloads L1,L2 --batch-sizes 8 \
+    --json "$R/l1.json" > "$R/l1.log" 2>&1
+  T 150 python3 tools/bench_step_breakdown.py --model /tmp/q06 --json "$R/step_breakdown.json" \
+    > "$R/step_breakdown.log" 2>&1
+  T 200 python3 tools/bench_throughput.py --model /tmp/q06 --no-peer --penalties both --runs 3 \
+    --json "$R/t1_pen.json" > "$R/t1_pen.log" 2>&1
+  T 60 python3 -m pytest -q -p no:cacheprovider tests/test_qkv_prep.py > "$R/pytest_qkv_prep.log" 2>&1
+  echo "pytest rc=$?" >> "$R/pytest_qkv_prep.log"
+  T 300 python3 -m pytest -q -p no:cacheprovider -m gpu --durations=10 tests/test_engine_sampling.py \
+    tests/test_capture_precompile.py tests/test_spec_decode_graphs.py > "$R/pytest_gpu.log" 2>&1
+  echo "pytest rc=$?" >> "$R/pytest_gpu.log"
   ;;
 fused-tests)
   # the fused attention prologue and the GEMV's norm prologue: kernels on CUDA, then the GPU engine tests with both on

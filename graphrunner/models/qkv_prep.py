@@ -18,9 +18,9 @@ from graphrunner.kernel_checks import check_tensor
 from graphrunner.models.norm import rms_norm
 from graphrunner.models.rotary import apply_rotary
 
-# GRAPHRUNNER_FUSED_QKV_PREP=1: SelfAttention hands the op below its fused qkv row and q/k norms; off until
-# measured on the H200 (docs/DECISIONS.md).
-FUSED_QKV_PREP = env_choice("GRAPHRUNNER_FUSED_QKV_PREP", ("0", "1"), "0") == "1"
+# SelfAttention hands the op below its fused qkv row and q/k norms (on by default since the H200 A/B of
+# 2026-12-01: L1 TPOT 1.23 -> 0.96 ms, docs/DECISIONS.md); GRAPHRUNNER_FUSED_QKV_PREP=0 keeps the unfused path.
+FUSED_QKV_PREP = env_choice("GRAPHRUNNER_FUSED_QKV_PREP", ("0", "1"), "1") == "1"
 
 
 def qkv_prep_ref(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_norm: torch.Tensor | None,
