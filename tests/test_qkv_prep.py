@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -116,5 +117,29 @@ def test_engine_with_fused_prep_gives_unfused_tokens(tmp_path: Path, monkeypatch
     monkeypatch.setattr(qkv_prep, "qkv_prep_ref", counting(qkv_prep.qkv_prep_ref))
     monkeypatch.setattr(qkv_prep, "qkv_prep_triton", counting(qkv_prep.qkv_prep_triton))
     monkeypatch.setattr(qkv_prep, "FUSED_QKV_PREP", True)
+    monkeypatch.setattr(qkv_prep, "KERNEL_UNDER_INTERPRETER", True)
     got = [o.outputs[0].token_ids for o in LLM(model=model_dir, **kwargs).generate(prompts, params)]
     assert calls[0] > 0 and got == expected
+
+
+def test_engines_under_the_interpreter_take_the_reference_prologue(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without CUDA the engine's triton backend runs the prologue's PyTorch reference (the kernel, one interpreted
+    program per token and head, doubled CPU test time) unless a test asks for the kernel."""
+    ctx = SimpleNamespace(backend="triton", kv_cache=[torch.zeros(2, 3, 4, 1, 4)],
+                          meta=SimpleNamespace(slot_mapping=torch.tensor([5])))
+
+    used = []
+    monkeypatch.setattr(qkv_prep, "INTERPRETED", True)
+    monkeypatch.setattr(qkv_prep, "get_forward_context", lambda: ctx)
+    monkeypatch.setattr(qkv_prep, "attend", lambda *args: None)
+    monkeypatch.setattr(qkv_prep, "qkv_prep_ref", lambda *a: used.append("ref") or torch.zeros(1, 4))
+    monkeypatch.setattr(qkv_prep, "qkv_prep_triton", lambda *a: used.append("kernel") or torch.zeros(1, 4))
+    args = (torch.zeros(1, 12), torch.ones(1, 1, 2), torch.zeros(1, 1, 2), None, None, 0.0, torch.zeros(1, 4), 0, 1,
+            1, 4, 0.5, -1)
+    qkv_prep.paged_attention_qkv(*args)
+    monkeypatch.setattr(qkv_prep, "KERNEL_UNDER_INTERPRETER", True)
+    qkv_prep.paged_attention_qkv(*args)
+    monkeypatch.setattr(qkv_prep, "INTERPRETED", False)
+    monkeypatch.setattr(qkv_prep, "KERNEL_UNDER_INTERPRETER", False)
+    qkv_prep.paged_attention_qkv(*args)
+    assert used == ["ref", "kernel", "kernel"]

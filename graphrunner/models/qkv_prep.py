@@ -6,6 +6,8 @@ own buffer. It replaces the per-layer norm / rope / copy kernels and `write_kv_t
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -21,6 +23,10 @@ from graphrunner.models.rotary import apply_rotary
 # SelfAttention hands the op below its fused qkv row and q/k norms (on by default since the H200 A/B of
 # 2026-12-01: L1 TPOT 1.23 -> 0.96 ms, docs/DECISIONS.md); GRAPHRUNNER_FUSED_QKV_PREP=0 keeps the unfused path.
 FUSED_QKV_PREP = env_choice("GRAPHRUNNER_FUSED_QKV_PREP", ("0", "1"), "1") == "1"
+# Triton's interpreter runs one program at a time, and the kernel's (token, head) grid made CPU engines on the
+# triton backend twice as slow; there engines take the reference unless a test asks for the kernel (test_qkv_prep).
+INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
+KERNEL_UNDER_INTERPRETER = False
 
 
 def qkv_prep_ref(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_norm: torch.Tensor | None,
@@ -150,7 +156,8 @@ def paged_attention_qkv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     optional per-head q/k RMSNorm weights [D] -> out [T, Hq*D]. The prologue kernel norms, ropes and writes k/v
     into the context's cache; like paged_attention, torch.compile's piecewise graphs split here."""
     ctx = get_forward_context()
-    prep = qkv_prep_triton if ctx.backend == "triton" else qkv_prep_ref
+    kernel = ctx.backend == "triton" and (not INTERPRETED or KERNEL_UNDER_INTERPRETER)
+    prep = qkv_prep_triton if kernel else qkv_prep_ref
     q = prep(qkv, cos, sin, q_norm, k_norm, eps, ctx.kv_cache[layer_idx], ctx.meta.slot_mapping, num_heads,
              num_kv_heads, head_dim)  # [T, Hq*D]
     attend(ctx, q.view(q.shape[0], num_heads, head_dim), out, layer_idx, num_heads, num_kv_heads, head_dim, scale,
