@@ -17,6 +17,7 @@ import triton.language as tl
 from graphrunner.attention.metadata import AttentionMetadata
 from graphrunner.env import env_number
 from graphrunner.kernel_checks import check_tensor, step_sizes
+from graphrunner.pdl import pdl_launch_dependents, pdl_wait, use_pdl
 
 TILE_N = 64            # keys per inner iteration (several paged blocks, gathered per position)
 DECODE_ROWS = 16       # tile rows for decode-only batches (tl.dot needs >= 16)
@@ -52,8 +53,11 @@ def _unified_attention_kernel(
     scale, softcap, window,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, TILE: tl.constexpr, NUM_SPLITS: tl.constexpr,
-    USE_WINDOW: tl.constexpr, USE_SOFTCAP: tl.constexpr, FP32_DOT: tl.constexpr,
+    USE_WINDOW: tl.constexpr, USE_SOFTCAP: tl.constexpr, FP32_DOT: tl.constexpr, PDL: tl.constexpr,
 ):
+    if PDL:  # everything below reads what earlier kernels wrote (graphrunner.pdl)
+        pdl_launch_dependents()
+        pdl_wait()
     req = tl.program_id(0)
     q_tile = tl.program_id(1)
     kvh = tl.program_id(2) // NUM_SPLITS
@@ -137,7 +141,10 @@ def _unified_attention_kernel(
 
 @triton.jit(do_not_specialize=step_sizes("num_tokens"))
 def _merge_splits_kernel(part_acc_ptr, part_ml_ptr, out_ptr, stride_ot, stride_oh, num_tokens, num_q_heads,
-                         HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, NUM_SPLITS: tl.constexpr):
+                         HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, NUM_SPLITS: tl.constexpr, PDL: tl.constexpr):
+    if PDL:
+        pdl_launch_dependents()
+        pdl_wait()
     tok = tl.program_id(0)
     head = tl.program_id(1)
     d = tl.arange(0, D_PAD)
@@ -239,6 +246,7 @@ def _launch(query: torch.Tensor, layer_cache: torch.Tensor, query_start_loc: tor
     else:
         part_acc = part_ml = out  # unused
     grid = (num_reqs, triton.cdiv(max(max_query_len, 1), block_q), hkv * num_splits)
+    pdl = use_pdl(query.device)
     warps = 8 if block_m >= 128 else 4  # (a 128-row fp32 accumulator: spread over 8 warps; 64 rows keep 4, as before)
     _unified_attention_kernel[grid](
         query, k_cache, v_cache, out, part_acc, part_ml, query_start_loc, seq_lens, block_table,
@@ -247,11 +255,11 @@ def _launch(query: torch.Tensor, layer_cache: torch.Tensor, query_start_loc: tor
         block_table.stride(0), t, hq, scale, softcap if softcap > 0 else 1.0, max(sliding_window, 0),
         GROUP=group, HEAD_DIM=dim, D_PAD=d_pad, BLOCK_SIZE=block_size, BLOCK_Q=block_q, BLOCK_M=block_m,
         TILE=max(TILE_N, block_size), NUM_SPLITS=num_splits, USE_WINDOW=sliding_window >= 0,
-        USE_SOFTCAP=softcap > 0, FP32_DOT=query.dtype == torch.float32, num_warps=warps,
+        USE_SOFTCAP=softcap > 0, FP32_DOT=query.dtype == torch.float32, PDL=pdl, num_warps=warps, launch_pdl=pdl,
     )
     if num_splits > 1:
         _merge_splits_kernel[(t, hq)](part_acc, part_ml, out, out.stride(0), out.stride(1), t, hq,
-                                      HEAD_DIM=dim, D_PAD=d_pad, NUM_SPLITS=num_splits)
+                                      HEAD_DIM=dim, D_PAD=d_pad, NUM_SPLITS=num_splits, PDL=pdl, launch_pdl=pdl)
 
 
 @_unified_attention_op.register_fake

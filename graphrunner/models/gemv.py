@@ -24,6 +24,7 @@ from graphrunner.env import env_choice
 from graphrunner.kernel_checks import check_tensor
 from graphrunner.kernel_checks import num_sms as _num_sms
 from graphrunner.models.norm import rms_norm, rms_norm_triton
+from graphrunner.pdl import pdl_launch_dependents, pdl_wait, use_pdl
 
 MAX_M = 8  # token counts above this go to cuBLAS
 _DTYPES = (torch.bfloat16, torch.float16)
@@ -126,6 +127,33 @@ def _normed(x, inv, norm_w):
 
 
 @triton.jit
+def _gemv_step(acc, w, k0, k_end, x_ptr, x_rows, norm_ptr, inv, M, stride_xm, rows, M_PAD: tl.constexpr,
+               BLOCK_K: tl.constexpr, USE_DOT: tl.constexpr, NORM: tl.constexpr):
+    """acc [M_PAD, BLOCK_N] += x[:, k0:k0 + BLOCK_K] (normalised with NORM) @ w^T for the loaded tile w [BN, BK]."""
+    offs_k = k0 + tl.arange(0, BLOCK_K)
+    k_mask = offs_k < k_end
+    if NORM:
+        norm_w = tl.load(norm_ptr + offs_k, mask=k_mask, other=0.0)  # [BK]
+    else:
+        norm_w = offs_k  # unused
+    if USE_DOT:  # M_PAD is always 16 here: one instruction shape whatever M
+        x = tl.load(x_rows + offs_k[None, :], mask=k_mask[None, :], other=0.0)  # [16, BK]
+        if NORM:
+            x = _normed(x, inv[:, None], norm_w[None, :])
+        acc = tl.dot(x, tl.trans(w), acc)
+    else:
+        wf = w.to(tl.float32)
+        # One x row at a time through the same [BLOCK_N, BLOCK_K] reduction: row m's sums do not see M_PAD.
+        for m in tl.static_range(M_PAD):
+            xm = tl.load(x_ptr + tl.minimum(M - 1, m) * stride_xm + offs_k, mask=k_mask, other=0.0)  # [BK]
+            if NORM:
+                xm = _normed(xm, tl.sum(tl.where(rows == m, inv, 0.0), axis=0), norm_w)
+            part = tl.sum(wf * xm.to(tl.float32)[None, :], axis=1)  # [BLOCK_N]
+            acc = tl.where(rows[:, None] == m, acc + part[None, :], acc)
+    return acc
+
+
+@triton.jit
 def _gemv_kernel(
     x_ptr,  # [M, K] bf16/fp16, unit stride along K
     w_ptr,  # [N, K] bf16/fp16, unit stride along K
@@ -150,6 +178,7 @@ def _gemv_kernel(
     HAS_BIAS: tl.constexpr,
     USE_DOT: tl.constexpr,
     NORM: tl.constexpr,
+    PDL: tl.constexpr,  # launched with programmatic dependent launch (graphrunner.pdl)
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -160,6 +189,13 @@ def _gemv_kernel(
     k_end = tl.minimum(k_start + k_per_split, K)
     w_rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn  # [BLOCK_N, 1]
     x_rows = x_ptr + tl.minimum(rows, M - 1)[:, None].to(tl.int64) * stride_xm  # [M_PAD, 1]: padding re-reads M - 1
+    # the first weight tile is loaded before the wait for the previous kernel: weights are constant, so with PDL
+    # this read overlaps that kernel's tail (the rest of the kernel reads x or writes, so it waits)
+    first_k = k_start + tl.arange(0, BLOCK_K)
+    w_first = tl.load(w_rows + first_k[None, :], mask=n_mask[:, None] & (first_k < k_end)[None, :], other=0.0)
+    if PDL:
+        pdl_launch_dependents()
+        pdl_wait()
     inv = tl.zeros((M_PAD,), dtype=tl.float32)  # NORM: 1 / rms of each x row over all of K (every split needs it)
     if NORM:
         ss = tl.zeros((M_PAD,), dtype=tl.float32)
@@ -175,28 +211,13 @@ def _gemv_kernel(
                     ss = tl.where(rows == m, ss + tl.sum(xk * xk, axis=0), ss)
         inv = tl.rsqrt(ss / K + eps)
     acc = tl.zeros((M_PAD, BLOCK_N), dtype=tl.float32)
-    for k0 in range(k_start, k_end, BLOCK_K):
+    acc = _gemv_step(acc, w_first, k_start, k_end, x_ptr, x_rows, norm_ptr, inv, M, stride_xm, rows,
+                     M_PAD, BLOCK_K, USE_DOT, NORM)
+    for k0 in range(k_start + BLOCK_K, k_end, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
-        k_mask = offs_k < k_end
-        w = tl.load(w_rows + offs_k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)  # [BN, BK]
-        if NORM:
-            norm_w = tl.load(norm_ptr + offs_k, mask=k_mask, other=0.0)  # [BK]
-        else:
-            norm_w = offs_k  # unused
-        if USE_DOT:  # M_PAD is always 16 here: one instruction shape whatever M
-            x = tl.load(x_rows + offs_k[None, :], mask=k_mask[None, :], other=0.0)  # [16, BK]
-            if NORM:
-                x = _normed(x, inv[:, None], norm_w[None, :])
-            acc = tl.dot(x, tl.trans(w), acc)
-        else:
-            wf = w.to(tl.float32)
-            # One x row at a time through the same [BLOCK_N, BLOCK_K] reduction: row m's sums do not see M_PAD.
-            for m in tl.static_range(M_PAD):
-                xm = tl.load(x_ptr + tl.minimum(M - 1, m) * stride_xm + offs_k, mask=k_mask, other=0.0)  # [BK]
-                if NORM:
-                    xm = _normed(xm, tl.sum(tl.where(rows == m, inv, 0.0), axis=0), norm_w)
-                part = tl.sum(wf * xm.to(tl.float32)[None, :], axis=1)  # [BLOCK_N]
-                acc = tl.where(rows[:, None] == m, acc + part[None, :], acc)
+        w = tl.load(w_rows + offs_k[None, :], mask=n_mask[:, None] & (offs_k < k_end)[None, :], other=0.0)
+        acc = _gemv_step(acc, w, k0, k_end, x_ptr, x_rows, norm_ptr, inv, M, stride_xm, rows,
+                         M_PAD, BLOCK_K, USE_DOT, NORM)
     mask = (rows < M)[:, None] & n_mask[None, :]
     out = out_ptr + rows[:, None].to(tl.int64) * stride_om + offs_n[None, :]
     if not SPLIT:
@@ -281,13 +302,14 @@ def gemv_triton(x: Tensor, weight: Tensor, bias: Tensor | None, config: GemvConf
         k_per_split, split_k = k, 1
     part = torch.empty(split_k, m, n, dtype=torch.float32, device=x.device) if split_k > 1 else out
     bias_arg = bias if bias is not None else out  # unused when HAS_BIAS is off
+    pdl = use_pdl(x.device)
     _gemv_kernel[(tiles, split_k)](
         x, weight, bias_arg, norm[0] if norm is not None else out, out, part, counters if counters is not None else out,
         m, n, k, x.stride(0), weight.stride(0), out.stride(0), k_per_split, split_k,
         float(norm[1]) if norm is not None else 0.0, M_PAD=16 if cfg.use_dot else triton.next_power_of_2(m),
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT=split_k > 1, HAS_BIAS=bias is not None, USE_DOT=cfg.use_dot,
-        NORM=norm is not None,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        NORM=norm is not None, PDL=pdl,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl,
     )
     return out
 

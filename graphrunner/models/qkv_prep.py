@@ -19,6 +19,7 @@ from graphrunner.env import env_choice
 from graphrunner.kernel_checks import check_tensor
 from graphrunner.models.norm import rms_norm
 from graphrunner.models.rotary import apply_rotary
+from graphrunner.pdl import pdl_launch_dependents, pdl_wait, use_pdl
 
 # SelfAttention hands the op below its fused qkv row and q/k norms (on by default since the H200 A/B of
 # 2026-12-01: L1 TPOT 1.23 -> 0.96 ms, docs/DECISIONS.md); GRAPHRUNNER_FUSED_QKV_PREP=0 keeps the unfused path.
@@ -72,7 +73,11 @@ def _qkv_prep_kernel(
     HALF_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     HAS_NORM: tl.constexpr,
+    PDL: tl.constexpr,  # launched with programmatic dependent launch (graphrunner.pdl)
 ):
+    if PDL:  # qkv, cos/sin and the slots come from earlier kernels
+        pdl_launch_dependents()
+        pdl_wait()
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)  # q heads, then k heads, then v heads
     half: tl.constexpr = HEAD_DIM // 2
@@ -137,13 +142,14 @@ def qkv_prep_triton(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_n
         return q_out
     k_cache, v_cache = layer_cache[0], layer_cache[1]
     has_norm = q_norm is not None
+    pdl = use_pdl(qkv.device)
     _qkv_prep_kernel[(t, num_heads + 2 * num_kv_heads)](
         qkv, q_out, q_norm if has_norm else qkv, k_norm if has_norm else qkv, cos, sin, slot_mapping,
         k_cache, v_cache, qkv.stride(0), q_out.stride(0), cos.stride(0), sin.stride(0),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), eps,
         NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
         HALF_PAD=max(16, triton.next_power_of_2(head_dim // 2)), BLOCK_SIZE=block_size, HAS_NORM=has_norm,
-        num_warps=1 if head_dim <= 128 else 2,
+        PDL=pdl, num_warps=1 if head_dim <= 128 else 2, launch_pdl=pdl,
     )
     return q_out
 

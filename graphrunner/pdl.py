@@ -1,0 +1,55 @@
+"""Programmatic dependent launch (PDL, Hopper and later) for the decode step's own Triton kernels: a kernel
+launched with it may start while the kernel before it in the stream finishes, and waits (`pdl_wait`) before it
+touches anything that kernel wrote. GRAPHRUNNER_PDL=1 turns it on; off until measured on the H200.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from graphrunner.env import env_choice
+
+ENABLED = env_choice("GRAPHRUNNER_PDL", ("0", "1"), "0") == "1"
+_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+@functools.cache
+def _capable(index: int) -> bool:
+    return torch.cuda.get_device_capability(index)[0] >= 9
+
+
+def use_pdl(device: torch.device) -> bool:
+    """Whether kernels launched on `device` take PDL: switched on, and a CUDA device of compute capability 9 or
+    more (the interpreter has no overlapping grids; there the kernels' PDL calls are no-ops, below)."""
+    if not ENABLED or device.type != "cuda":
+        return False
+    return _capable(device.index if device.index is not None else torch.cuda.current_device())
+
+
+if _INTERPRET:  # one program at a time, no grids to overlap: both are no-ops (Triton's interpreter lacks them)
+
+    @triton.jit
+    def pdl_wait():
+        pass
+
+    @triton.jit
+    def pdl_launch_dependents():
+        pass
+
+else:
+
+    @triton.jit
+    def pdl_wait():
+        # every write of the kernel before this one (and, through its own wait, of all earlier ones) is visible
+        # after this; nothing another kernel reads or writes may be touched before it, except constant weights
+        tl.extra.cuda.gdc_wait()
+
+    @triton.jit
+    def pdl_launch_dependents():
+        # the next kernel, if launched with PDL, may be scheduled once every program of this one has passed here
+        tl.extra.cuda.gdc_launch_dependents()
