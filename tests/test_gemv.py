@@ -318,7 +318,7 @@ def test_norm_linear_routing_and_op_fallback(monkeypatch: pytest.MonkeyPatch) ->
     torch.library.opcheck(op.default, (x, nw, 1e-6, w, b), test_utils=("test_schema", "test_faketensor"))
 
 
-@pytest.mark.parametrize("name", ["GRAPHRUNNER_GEMV", "GRAPHRUNNER_GEMV_NORM"])
+@pytest.mark.parametrize("name", ["GRAPHRUNNER_GEMV", "GRAPHRUNNER_GEMV_NORM", "GRAPHRUNNER_PDL"])
 def test_bad_switch_values_are_refused(name: str) -> None:
     import os
     import subprocess
