@@ -36,10 +36,11 @@ def test_switch_is_off_by_default_and_never_applies_off_cuda(monkeypatch: pytest
 
 @pytest.mark.parametrize(("m", "n", "k", "config"), [
     (1, 37, 50, None),
-    (3, 70, 1030, GemvConfig(16, 64, 4)),  # split-K: the first tile is the only one loaded before the wait
+    (3, 40, 300, GemvConfig(16, 64, 2)),  # split-K, 3 tiles per split (the last short): only the first is
+    # loaded before the wait
     (5, 33, 200, GemvConfig(32, 32, 3, use_dot=True)),
     (2, 17, 15, GemvConfig(1, 16, 1)),  # K below one tile
-    (7, 50, 129, GemvConfig(4, 16, 5)),
+    (7, 20, 100, GemvConfig(4, 32, 2)),  # M = 7 rows, two tiles per split
 ])
 def test_gemv_bit_equal_with_pdl(monkeypatch: pytest.MonkeyPatch, m: int, n: int, k: int,
                                  config: GemvConfig | None) -> None:
