@@ -112,6 +112,9 @@ def run_case(args: argparse.Namespace, device: Any, workload: str, batch: int, s
     decode_steps = steps[0] - 1  # the first step is the prefill
     res["decode_steps"] = decode_steps
     res["step_ms"] = res["tpot_ms"] * (args.output_len - 1) / max(1, decode_steps)
+    # tokens each request gains per decode step: below the mean acceptance length when some steps find no draft
+    # (acceptance counts only the steps that verified drafts); TPOT ~ step_ms / tokens_per_step
+    res["tokens_per_step"] = (args.output_len - 1) / max(1, decode_steps)
     drafts, accepted = after[0] - before[0], after[2] - before[2]
     res["mean_acceptance_length"] = 1 + accepted / drafts if drafts else None
     res["draft_tokens"] = after[1] - before[1]
@@ -141,10 +144,12 @@ def main(argv: list[str] | None = None) -> None:
             report.add(Row(key, "step", "ms", False, fast["step_ms"], peer, base["step_ms"],
                            note="verify step vs plain decode step"))
             report.add(Row(key, "mean acceptance length", "tokens", True, fast["mean_acceptance_length"]))
+            report.add(Row(key, "tokens per decode step", "tokens", True, fast["tokens_per_step"]))
             report.extra.setdefault("cases", {})[key] = {"no_spec": base, "spec": fast}
             print(f"{workload} b={batch}: TPOT {base['tpot_ms']:.3f} -> {fast['tpot_ms']:.3f} ms "
                   f"(x{base['tpot_ms'] / fast['tpot_ms']:.2f}), step {base['step_ms']:.3f} -> {fast['step_ms']:.3f} "
-                  f"ms, mean acceptance length {fast['mean_acceptance_length']}", flush=True)
+                  f"ms, mean acceptance length {fast['mean_acceptance_length']}, tokens per step "
+                  f"{fast['tokens_per_step']:.2f}", flush=True)
     report.print_table()
     report.write_json(args.json)
 
