@@ -14,11 +14,11 @@
 #                                       # 0.6B layer shape (the tuned table: $OUT/gemv/gemv_configs.json)
 #   bash tools/gpu_checks.sh l1-ab      # GEMV engine tests, then L1/L2: cuBLAS + old attention splits, cuBLAS + new,
 #                                       # GEMV (GEMV_TABLE, default the committed table) + new; kernel table
-#                                       # (L1_RUNS picks among base attn gemv fused norm both combo cdt pdl autotune;
+#                                       # (L1_RUNS picks among base attn gemv fused norm both combo cdt pdl fold autotune;
 #                                       # fused = the one-kernel q/k-norm + rope + KV write, norm = the layer norms in
 #                                       # the GEMV's prologue, combo/cdt/autotune = Inductor options)
 #   bash tools/gpu_checks.sh l1-runs    # only the L1/L2 runs named in L1_RUNS
-#   bash tools/gpu_checks.sh pdl        # GRAPHRUNNER_PDL=1: its tests on CUDA, L1/L2 off / on / off, kernel table
+#   bash tools/gpu_checks.sh pdl        # GRAPHRUNNER_PDL=1 and GRAPHRUNNER_ATTN_FOLD_MERGE=1: tests on CUDA, L1/L2 A/B
 #   bash tools/gpu_checks.sh defaults   # the shipped defaults: L1/L2, kernel table, T1 +- penalties, GPU tests
 #   bash tools/gpu_checks.sh fused-tests # qkv_prep and GEMV kernels on CUDA, then the GPU engine, capture and EAGLE
 #                                        # tests with the fused attention prologue and the GEMV norm prologue on
@@ -193,6 +193,7 @@ l1-ab|l1-runs)
       combo) GRAPHRUNNER_GEMV_CONFIGS=$gt GRAPHRUNNER_INDUCTOR_CONFIG=combo_kernels=1 lat combo ;;
       cdt) GRAPHRUNNER_GEMV_CONFIGS=$gt GRAPHRUNNER_INDUCTOR_CONFIG=coordinate_descent_tuning=1 lat cdt ;;
       pdl) GRAPHRUNNER_GEMV_CONFIGS=$gt GRAPHRUNNER_PDL=1 lat pdl ;;
+      fold) GRAPHRUNNER_GEMV_CONFIGS=$gt GRAPHRUNNER_ATTN_FOLD_MERGE=1 lat fold ;;
       # Inductor's Triton GEMM templates instead of the GEMV (they can fuse the RMSNorm prologue); slow to compile
       autotune) GRAPHRUNNER_GEMV=0 LAT_LIMIT=300 \
         GRAPHRUNNER_INDUCTOR_CONFIG=max_autotune_gemm=1,max_autotune_gemm_backends=TRITON lat autotune ;;
@@ -202,18 +203,20 @@ l1-ab|l1-runs)
     --json "$R/step_breakdown.json" > "$R/step_breakdown.log" 2>&1
   ;;
 pdl)
-  # programmatic dependent launch (GRAPHRUNNER_PDL=1): the kernels bit-equal with and without it on CUDA, engine
-  # tokens equal through graphs and eager, then L1/L2 off / on / off again and the kernel table with it on
+  # programmatic dependent launch (GRAPHRUNNER_PDL=1) and the folded attention merge (GRAPHRUNNER_ATTN_FOLD_MERGE=1):
+  # their kernels bit-equal with and without on CUDA, engine tokens equal through graphs and eager, then L1/L2
+  # off / pdl / fold / both / off again, and the kernel table with both on
   model
-  T 200 python3 -m pytest -q -p no:cacheprovider tests/test_pdl.py > "$R/pytest_pdl.log" 2>&1
+  T 200 python3 -m pytest -q -p no:cacheprovider tests/test_pdl.py tests/test_attention_fold_merge.py \
+    > "$R/pytest_pdl.log" 2>&1
   echo "pytest rc=$?" >> "$R/pytest_pdl.log"
-  for run in off on off2; do
-    case $run in on) pdl=1 ;; *) pdl=0 ;; esac
-    GRAPHRUNNER_PDL=$pdl T 130 python3 tools/bench_latency.py --model /tmp/q06 --no-peer --workloads L1,L2 \
-      --batch-sizes 8 --json "$R/l1_$run.json" > "$R/l1_$run.log" 2>&1
+  for run in off pdl fold both off2; do
+    case $run in pdl) p=1 f=0 ;; fold) p=0 f=1 ;; both) p=1 f=1 ;; *) p=0 f=0 ;; esac
+    GRAPHRUNNER_PDL=$p GRAPHRUNNER_ATTN_FOLD_MERGE=$f T 130 python3 tools/bench_latency.py --model /tmp/q06 --no-peer \
+      --workloads L1,L2 --batch-sizes 8 --json "$R/l1_$run.json" > "$R/l1_$run.log" 2>&1
   done
-  GRAPHRUNNER_PDL=1 T 150 python3 tools/bench_step_breakdown.py --model /tmp/q06 --json "$R/step_breakdown.json" \
-    > "$R/step_breakdown.log" 2>&1
+  GRAPHRUNNER_PDL=1 GRAPHRUNNER_ATTN_FOLD_MERGE=1 T 150 python3 tools/bench_step_breakdown.py --model /tmp/q06 \
+    --json "$R/step_breakdown.json" > "$R/step_breakdown.log" 2>&1
   ;;
 defaults)
   # the shipped defaults (GEMV table, fused attention prologue): L1/L2 and the kernel table, T1 with and without

@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from graphrunner.attention.metadata import AttentionMetadata
-from graphrunner.env import env_number
+from graphrunner.env import env_choice, env_number
 from graphrunner.kernel_checks import check_tensor, step_sizes
 from graphrunner.pdl import pdl_launch_dependents, pdl_wait, use_pdl
 
@@ -37,6 +37,21 @@ SPLIT_MIN_SEQ_LEN = int(env_number("GRAPHRUNNER_ATTN_SPLIT_MIN_LEN", 256, intege
 SPLIT_MIN_KEYS = int(env_number("GRAPHRUNNER_ATTN_SPLIT_MIN_KEYS", 64, integer=True, rule="in [16, 65536]",
                                 valid=lambda v: 16 <= v <= 65536))
 _TARGET_PROGRAMS = 264  # ~2 waves on a 132-SM H200
+# GRAPHRUNNER_ATTN_FOLD_MERGE=1: the last split program of each tile merges the splits itself (an atomic counter per
+# tile), so a split launch needs no second kernel; off until measured on the H200 (docs/DECISIONS.md).
+FOLD_MERGE = env_choice("GRAPHRUNNER_ATTN_FOLD_MERGE", ("0", "1"), "0") == "1"
+_MAX_TILES = 16384
+_counters: dict[torch.device, torch.Tensor] = {}
+
+
+def _counter_buffer(device: torch.device, tiles: int) -> torch.Tensor | None:
+    """The zeroed per-tile arrival counters of the folded merge ([_MAX_TILES] int32 per device, reset by the kernel
+    itself); None where it cannot serve: too many tiles, or a CUDA graph capture before any exists (never allocate
+    there). The plain merge kernel then runs instead, with the same bits."""
+    buf = _counters.get(device)
+    if buf is None and not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+        buf = _counters[device] = torch.zeros(_MAX_TILES, dtype=torch.int32, device=device)
+    return buf if tiles <= _MAX_TILES else None
 
 
 @triton.jit
@@ -47,13 +62,14 @@ def _tanh(x):
 @triton.jit(do_not_specialize=step_sizes("num_tokens"))
 def _unified_attention_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, part_acc_ptr, part_ml_ptr,
-    qsl_ptr, seq_lens_ptr, block_table_ptr,
+    qsl_ptr, seq_lens_ptr, block_table_ptr, counter_ptr,
     stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
     stride_ot, stride_oh, stride_bt, num_tokens, num_q_heads,
     scale, softcap, window,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, TILE: tl.constexpr, NUM_SPLITS: tl.constexpr,
     USE_WINDOW: tl.constexpr, USE_SOFTCAP: tl.constexpr, FP32_DOT: tl.constexpr, PDL: tl.constexpr,
+    FOLD_MERGE: tl.constexpr,
 ):
     if PDL:  # everything below reads what earlier kernels wrote (graphrunner.pdl)
         pdl_launch_dependents()
@@ -137,6 +153,40 @@ def _unified_attention_kernel(
             tl.store(part_acc_ptr + row[:, None].to(tl.int64) * D_PAD + d[None, :], acc, mask=row_ok[:, None])
             tl.store(part_ml_ptr + row.to(tl.int64) * 2, m_i, mask=row_ok)
             tl.store(part_ml_ptr + row.to(tl.int64) * 2 + 1, l_i, mask=row_ok)
+            if FOLD_MERGE:  # the last of this tile's splits to finish merges them all: no merge launch
+                tl.debug_barrier()  # every thread's partials are stored before the release below publishes them
+                tile = (req * tl.num_programs(1) + q_tile) * (tl.num_programs(2) // NUM_SPLITS) + kvh
+                done = tl.atomic_add(counter_ptr + tile, 1, sem="acq_rel", scope="gpu")
+                if done == NUM_SPLITS - 1:
+                    _merge_rows(part_acc_ptr, part_ml_ptr, out_ptr, tok, head, row_ok, d, d_ok, stride_ot,
+                                stride_oh, num_tokens, num_q_heads, BLOCK_M, D_PAD, NUM_SPLITS)
+                    tl.atomic_xchg(counter_ptr + tile, 0)  # zero again for the next launch (and graph replay)
+
+
+@triton.jit
+def _merge_rows(part_acc_ptr, part_ml_ptr, out_ptr, tok, head, row_ok, d, d_ok, stride_ot, stride_oh, num_tokens,
+                num_q_heads, BLOCK_M: tl.constexpr, D_PAD: tl.constexpr, NUM_SPLITS: tl.constexpr):
+    """The folded merge of one tile's rows [BLOCK_M]: _merge_splits_kernel's arithmetic, in its order, per row (so
+    the bits match it); partials read through L2 (.cg: other SMs wrote them)."""
+    m_max = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    for s in range(NUM_SPLITS):
+        row = (s * num_tokens + tok) * num_q_heads + head
+        m_max = tl.maximum(m_max, tl.load(part_ml_ptr + row.to(tl.int64) * 2, mask=row_ok, other=0.0,
+                                          cache_modifier=".cg"))
+    m_safe = tl.where(m_max == float("-inf"), 0.0, m_max)
+    acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
+    den = tl.zeros([BLOCK_M], tl.float32)
+    for s in range(NUM_SPLITS):
+        row = (s * num_tokens + tok) * num_q_heads + head
+        m_s = tl.load(part_ml_ptr + row.to(tl.int64) * 2, mask=row_ok, other=0.0, cache_modifier=".cg")
+        l_s = tl.load(part_ml_ptr + row.to(tl.int64) * 2 + 1, mask=row_ok, other=0.0, cache_modifier=".cg")
+        w = tl.where(m_s == float("-inf"), 0.0, tl.exp(m_s - m_safe))  # an empty split adds nothing
+        acc += tl.load(part_acc_ptr + row[:, None].to(tl.int64) * D_PAD + d[None, :], mask=row_ok[:, None],
+                       other=0.0, cache_modifier=".cg") * w[:, None]
+        den += l_s * w
+    out = acc / tl.where(den == 0.0, 1.0, den)[:, None]
+    tl.store(out_ptr + tok[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
+             out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
 
 
 @triton.jit(do_not_specialize=step_sizes("num_tokens"))
@@ -247,17 +297,20 @@ def _launch(query: torch.Tensor, layer_cache: torch.Tensor, query_start_loc: tor
         part_acc = part_ml = out  # unused
     grid = (num_reqs, triton.cdiv(max(max_query_len, 1), block_q), hkv * num_splits)
     pdl = use_pdl(query.device)
+    counters = _counter_buffer(query.device, grid[0] * grid[1] * hkv) if FOLD_MERGE and num_splits > 1 else None
     warps = 8 if block_m >= 128 else 4  # (a 128-row fp32 accumulator: spread over 8 warps; 64 rows keep 4, as before)
     _unified_attention_kernel[grid](
         query, k_cache, v_cache, out, part_acc, part_ml, query_start_loc, seq_lens, block_table,
+        counters if counters is not None else seq_lens,  # (unused without the folded merge)
         query.stride(0), query.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0), out.stride(1),
         block_table.stride(0), t, hq, scale, softcap if softcap > 0 else 1.0, max(sliding_window, 0),
         GROUP=group, HEAD_DIM=dim, D_PAD=d_pad, BLOCK_SIZE=block_size, BLOCK_Q=block_q, BLOCK_M=block_m,
         TILE=max(TILE_N, block_size), NUM_SPLITS=num_splits, USE_WINDOW=sliding_window >= 0,
-        USE_SOFTCAP=softcap > 0, FP32_DOT=query.dtype == torch.float32, PDL=pdl, num_warps=warps, launch_pdl=pdl,
+        USE_SOFTCAP=softcap > 0, FP32_DOT=query.dtype == torch.float32, PDL=pdl, FOLD_MERGE=counters is not None,
+        num_warps=warps, launch_pdl=pdl,
     )
-    if num_splits > 1:
+    if num_splits > 1 and counters is None:
         _merge_splits_kernel[(t, hq)](part_acc, part_ml, out, out.stride(0), out.stride(1), t, hq,
                                       HEAD_DIM=dim, D_PAD=d_pad, NUM_SPLITS=num_splits, PDL=pdl, launch_pdl=pdl)
 
