@@ -1,5 +1,6 @@
 """Argument checks shared by the public launchers of the Triton kernels (shape, dtype, device), the device
-facts their launch shapes depend on, and which of their arguments Triton must not specialise on.
+facts their launch shapes depend on, which of their arguments Triton must not specialise on, and the zeroed
+arrival counters of the kernels whose last program reduces (split-K GEMV, split sampler, folded attention merge).
 
 They look only at tensor metadata, never at values, so they cost no host synchronisation.
 """
@@ -44,3 +45,18 @@ def step_sizes(*names: str) -> list[str]:
     compile a variant for each value that is 1 or divisible by 16, mid-run, so they are not specialised on
     (docs/DECISIONS.md). GRAPHRUNNER_TRITON_SPECIALISE=1 restores Triton's default, for an A/B of the lost hints."""
     return [] if os.environ.get("GRAPHRUNNER_TRITON_SPECIALISE") == "1" else list(names)
+
+
+def interpreted() -> bool:
+    """Whether Triton kernels run in its interpreter (TRITON_INTERPRET=1: CPU tensors, one program at a time)."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def zeroed_counters(cache: dict[torch.device, torch.Tensor], device: torch.device, size: int) -> torch.Tensor | None:
+    """cache[device]: [size] int32 zeros, allocated on first use, for kernels whose last-arriving program takes a
+    ticket and zeroes it again (so every launch and graph replay finds zeros). None while a CUDA graph is being
+    captured and none exists yet: never allocate there (the caller launches its fallback instead)."""
+    buf = cache.get(device)
+    if buf is None and not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+        buf = cache[device] = torch.zeros(size, dtype=torch.int32, device=device)
+    return buf

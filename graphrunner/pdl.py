@@ -6,16 +6,15 @@ touches anything that kernel wrote. GRAPHRUNNER_PDL=1 turns it on; off until mea
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import triton
 import triton.language as tl
 
 from graphrunner.env import env_choice
+from graphrunner.kernel_checks import interpreted
 
 ENABLED = env_choice("GRAPHRUNNER_PDL", ("0", "1"), "0") == "1"
-_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 @functools.cache
@@ -31,7 +30,7 @@ def use_pdl(device: torch.device) -> bool:
     return _capable(device.index if device.index is not None else torch.cuda.current_device())
 
 
-if _INTERPRET:  # one program at a time, no grids to overlap: both are no-ops (Triton's interpreter lacks them)
+if interpreted():  # one program at a time, no grids to overlap: both are no-ops (Triton's interpreter lacks them)
 
     @triton.jit
     def pdl_wait():

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_models import make_tiny_model
+from tiny_models import greedy_tokens_off_and_on, make_tiny_model
 
 from graphrunner.attention import triton_attention
 from graphrunner.attention.testing import contiguous_batch
@@ -74,18 +74,10 @@ def test_falls_back_to_the_merge_kernel_without_a_counter(monkeypatch: pytest.Mo
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", ["graphs", "eager"])
 def test_engine_tokens_equal_with_the_folded_merge(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
-    from graphrunner import LLM, SamplingParams
-
     model_dir = make_tiny_model(tmp_path, "Qwen3ForCausalLM")
     # contexts past SPLIT_MIN_SEQ_LEN (256), so decode attention splits its KV range
     prompts = [[5, 6, 7, 8, 9, 10, 11] * 45, [100, 7, 8, 9, 10] * 60, [3] * 280]
-    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     kwargs = {"dtype": "bfloat16", "max_model_len": 512, "device": "cuda", "enforce_eager": mode == "eager",
               "attention_backend": "triton"}
-    tokens = []
-    for fold in (False, True):
-        monkeypatch.setattr(triton_attention, "FOLD_MERGE", fold)
-        llm = LLM(model=model_dir, **kwargs)
-        tokens.append([o.outputs[0].token_ids for o in llm.generate(prompts, params)])
-        del llm
+    tokens = greedy_tokens_off_and_on(monkeypatch, triton_attention, "FOLD_MERGE", model_dir, prompts, 24, **kwargs)
     assert tokens[0] == tokens[1]

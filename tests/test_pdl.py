@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_models import make_tiny_model
+from tiny_models import greedy_tokens_off_and_on, make_tiny_model
 
 from graphrunner import pdl
 from graphrunner.attention import triton_attention
@@ -93,21 +93,13 @@ def test_attention_bit_equal_with_pdl(monkeypatch: pytest.MonkeyPatch, num_split
 @pytest.mark.skipif(not _PDL_CAPABLE, reason="PDL needs compute capability 9.0 or more")
 @pytest.mark.parametrize("mode", ["graphs", "eager"])
 def test_engine_tokens_equal_with_pdl(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
-    from graphrunner import LLM, SamplingParams
-
     model_dir = make_tiny_model(tmp_path, "Qwen3ForCausalLM")
     prompts = [[5, 6, 7, 8, 9, 10, 11], [100, 7, 8, 9, 10] * 40, [3]]
-    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     kwargs = {"dtype": "bfloat16", "max_model_len": 512, "device": "cuda", "enforce_eager": mode == "eager",
               "attention_backend": "triton"}
     # bf16 on CUDA routes tuned shapes to the GEMV; the tiny model's are not tuned, so make every linear route
     monkeypatch.setattr(gemv, "is_tuned", lambda _n, _k: True)
     monkeypatch.setattr(gemv, "config_for", lambda m, n, k: gemv.default_config(n, k, torch.device("cuda"))
                         if m <= 4 else None)
-    tokens = []
-    for on in (False, True):
-        monkeypatch.setattr(pdl, "ENABLED", on)
-        llm = LLM(model=model_dir, **kwargs)
-        tokens.append([o.outputs[0].token_ids for o in llm.generate(prompts, params)])
-        del llm
+    tokens = greedy_tokens_off_and_on(monkeypatch, pdl, "ENABLED", model_dir, prompts, 24, **kwargs)
     assert tokens[0] == tokens[1]

@@ -165,3 +165,19 @@ def _load_hf(model_dir: Path) -> Any:
     if key not in _HF_MODELS:
         _HF_MODELS[key] = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     return _HF_MODELS[key]
+
+
+def greedy_tokens_off_and_on(monkeypatch: Any, module: Any, switch: str, model_dir: Path,
+                             prompts: list[list[int]], max_tokens: int, **llm_kwargs: Any) -> list[list[list[int]]]:
+    """Greedy token ids of the prompts from a fresh engine with module.<switch> False, then True (a GPU A/B of a
+    kernel switch read at launch time): [off, on], each [prompt][token]."""
+    from graphrunner import LLM, SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    tokens = []
+    for on in (False, True):
+        monkeypatch.setattr(module, switch, on)
+        llm = LLM(model=model_dir, **llm_kwargs)
+        tokens.append([list(o.outputs[0].token_ids) for o in llm.generate(prompts, params)])
+        del llm
+    return tokens

@@ -16,7 +16,7 @@ import triton.language as tl
 
 from graphrunner.attention.metadata import AttentionMetadata
 from graphrunner.env import env_choice, env_number
-from graphrunner.kernel_checks import check_tensor, step_sizes
+from graphrunner.kernel_checks import check_tensor, step_sizes, zeroed_counters
 from graphrunner.pdl import pdl_launch_dependents, pdl_wait, use_pdl
 
 TILE_N = 64            # keys per inner iteration (several paged blocks, gathered per position)
@@ -45,13 +45,9 @@ _counters: dict[torch.device, torch.Tensor] = {}
 
 
 def _counter_buffer(device: torch.device, tiles: int) -> torch.Tensor | None:
-    """The zeroed per-tile arrival counters of the folded merge ([_MAX_TILES] int32 per device, reset by the kernel
-    itself); None where it cannot serve: too many tiles, or a CUDA graph capture before any exists (never allocate
-    there). The plain merge kernel then runs instead, with the same bits."""
-    buf = _counters.get(device)
-    if buf is None and not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
-        buf = _counters[device] = torch.zeros(_MAX_TILES, dtype=torch.int32, device=device)
-    return buf if tiles <= _MAX_TILES else None
+    """The folded merge's per-tile arrival counters (kernel_checks.zeroed_counters); None where they cannot serve
+    (too many tiles, or a graph capture before any exist): the plain merge kernel then runs, with the same bits."""
+    return zeroed_counters(_counters, device, _MAX_TILES) if tiles <= _MAX_TILES else None
 
 
 @triton.jit

@@ -21,7 +21,7 @@ import triton.language as tl
 from torch import Tensor
 
 from graphrunner.env import env_choice
-from graphrunner.kernel_checks import check_tensor
+from graphrunner.kernel_checks import check_tensor, zeroed_counters
 from graphrunner.kernel_checks import num_sms as _num_sms
 from graphrunner.models.norm import rms_norm, rms_norm_triton
 from graphrunner.pdl import pdl_launch_dependents, pdl_wait, use_pdl
@@ -247,12 +247,8 @@ _counters: dict[torch.device, Tensor] = {}
 
 
 def _counter_buffer(device: torch.device) -> Tensor | None:
-    """The zeroed per-tile counters of the split-K reduction ([_MAX_TILES] int32, one per device, reset by the
-    kernel itself); None while a CUDA graph is being captured and none exists yet (never allocate there)."""
-    buf = _counters.get(device)
-    if buf is None and not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
-        buf = _counters[device] = torch.zeros(_MAX_TILES, dtype=torch.int32, device=device)
-    return buf
+    """The split-K reduction's per-tile counters ([_MAX_TILES] int32 per device; kernel_checks.zeroed_counters)."""
+    return zeroed_counters(_counters, device, _MAX_TILES)
 
 
 def _check(x: Tensor, weight: Tensor, bias: Tensor | None) -> None:

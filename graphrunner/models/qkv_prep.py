@@ -6,8 +6,6 @@ own buffer. It replaces the per-layer norm / rope / copy kernels and `write_kv_t
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
@@ -16,7 +14,7 @@ from graphrunner.attention.context import get_forward_context
 from graphrunner.attention.layer import attend
 from graphrunner.attention.reference import write_kv_ref
 from graphrunner.env import env_choice
-from graphrunner.kernel_checks import check_tensor
+from graphrunner.kernel_checks import check_tensor, interpreted
 from graphrunner.models.norm import rms_norm
 from graphrunner.models.rotary import apply_rotary
 from graphrunner.pdl import pdl_launch_dependents, pdl_wait, use_pdl
@@ -26,7 +24,7 @@ from graphrunner.pdl import pdl_launch_dependents, pdl_wait, use_pdl
 FUSED_QKV_PREP = env_choice("GRAPHRUNNER_FUSED_QKV_PREP", ("0", "1"), "1") == "1"
 # Triton's interpreter runs one program at a time, and the kernel's (token, head) grid made CPU engines on the
 # triton backend twice as slow; there engines take the reference unless a test asks for the kernel (test_qkv_prep).
-INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
+INTERPRETED = interpreted()
 KERNEL_UNDER_INTERPRETER = False
 
 

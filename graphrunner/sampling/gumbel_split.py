@@ -14,7 +14,7 @@ import triton.language as tl
 from torch import Tensor
 
 from graphrunner.kernel_checks import num_sms as _num_sms
-from graphrunner.kernel_checks import step_sizes
+from graphrunner.kernel_checks import step_sizes, zeroed_counters
 from graphrunner.sampling.gumbel import _check_sample, _gumbel, _row_keys, sample_ref, sample_rowwise_triton
 
 # Read once at import, for A/B runs: GRAPHRUNNER_SPLIT_SAMPLE=0 row-per-program kernel, 1 (default) split with the
@@ -122,12 +122,8 @@ _counters: dict[torch.device, Tensor] = {}
 
 
 def _counter_buffer(device: torch.device) -> Tensor | None:
-    """Zeroed per-row counters of the one-launch reduction ([_MAX_ROWS] int32 per device, reset by the kernel);
-    None while a CUDA graph is being captured and none exists yet (never allocate there)."""
-    buf = _counters.get(device)
-    if buf is None and not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
-        buf = _counters[device] = torch.zeros(_MAX_ROWS, dtype=torch.int32, device=device)
-    return buf
+    """The one-launch reduction's per-row counters ([_MAX_ROWS] int32 per device; kernel_checks.zeroed_counters)."""
+    return zeroed_counters(_counters, device, _MAX_ROWS)
 
 
 
