@@ -8,6 +8,7 @@ parallelism each rank holds its KV heads, and every rank takes the smallest bloc
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
 import zlib
@@ -18,6 +19,7 @@ import torch
 from capture.compiled import compile_draft, graph_sizes, mixed_graph_sizes, prepare_compiled_model
 from capture.manager import CaptureManager
 from graphrunner.config import EngineConfig, ModelConfig
+from graphrunner.env import env_choice
 from graphrunner.kv_cache import allocate_kv_cache, blocks_needed, kv_bytes_per_block
 from graphrunner.loader import load_model
 from graphrunner.parallel_state import check_same_across_ranks, min_across_ranks, rank_kv_config, tp_rank, tp_size
@@ -27,6 +29,10 @@ from graphrunner.spec_decode.eagle import EagleDraft
 from graphrunner.state_table import StateTable
 from model_states import ModelState, get_model_state
 from model_states.eagle import EagleModelState
+
+# GRAPHRUNNER_GC_FREEZE=1: gc.freeze() once the runner is ready (vLLM's freeze_gc_heap), so a step's garbage
+# collections do not walk start-up's objects; off until measured (docs/DECISIONS.md)
+GC_FREEZE = env_choice("GRAPHRUNNER_GC_FREEZE", ("0", "1"), "0") == "1"
 
 logger = logging.getLogger(__name__)
 
@@ -179,6 +185,9 @@ def build_runner(config: EngineConfig, model_state: ModelState | None = None) ->
         if manager is not None:  # graphs holding collectives would keep the group from being left
             manager.retire()
         raise
+    if GC_FREEZE:  # start-up's objects (traced graphs, compiled code, captured graphs) leave the collector's scans
+        gc.collect()
+        gc.freeze()
     progress("runner ready")
     return runner, num_blocks
 

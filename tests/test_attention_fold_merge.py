@@ -44,7 +44,7 @@ def test_folded_merge_is_bit_equal_to_the_merge_kernel(monkeypatch: pytest.Monke
     expected = _run(monkeypatch, False, query, cache, meta, num_splits, window)
     for _ in range(2):  # the second launch finds the counters zeroed again
         assert torch.equal(_run(monkeypatch, True, query, cache, meta, num_splits, window), expected)
-    counters = triton_attention._counters.get(torch.device(DEVICE))
+    counters = triton_attention._counters.get(query.device)  # keyed by the tensors' device (cuda:0, not cuda)
     assert counters is not None and not counters.any()
 
 

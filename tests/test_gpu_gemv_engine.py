@@ -1,7 +1,8 @@
 """The small-M GEMV inside the engine (`-m gpu`): with every linear of a tiny bf16 Qwen3 routed to it (a tuned
 table built from the model's shapes), compiled without graphs, PIECEWISE and FULL give identical greedy tokens (batches at, below
 and above its 8-token limit, prompts from 2 tokens), the Triton kernel really runs, and its tokens sit within the
-cuBLAS engine's top-5 at the first divergence; all of it again with the layer norms in the GEMV's prologue.
+cuBLAS engine's top-5 at the first divergence; all of it again with the layer norms in the GEMV's prologue, and
+with the MLP's activation in the down projection's prologue.
 """
 
 from __future__ import annotations
@@ -48,10 +49,10 @@ def _table(model_dir: Path) -> dict[tuple[int, int], tuple[gemv.GemvConfig, ...]
                 gemv.GemvConfig(16, 32, 2 if s[1] >= 64 else 1, max_m=8, use_dot=True)) for s in shapes}
 
 
-@pytest.fixture(scope="module", params=[False, True], ids=["gemv", "gemv_norm_prologue"])
+@pytest.fixture(scope="module", params=["gemv", "gemv_norm_prologue", "gemv_act_prologue"])
 def gemv_calls(request: pytest.FixtureRequest, model_dir: Path) -> Iterator[list[int]]:
     """The GEMV routed for every weight; the second pass also folds the layer norms into its prologue
-    (GRAPHRUNNER_GEMV_NORM)."""
+    (GRAPHRUNNER_GEMV_NORM), the third the MLP's silu(gate) * up into the down projection's (GRAPHRUNNER_GEMV_ACT)."""
     calls = [0]
     original = gemv.gemv_triton
     table = _table(model_dir)
@@ -62,7 +63,8 @@ def gemv_calls(request: pytest.FixtureRequest, model_dir: Path) -> Iterator[list
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(gemv, "ENABLED", True)
-        mp.setattr(gemv, "NORM_PROLOGUE", request.param)
+        mp.setattr(gemv, "NORM_PROLOGUE", request.param == "gemv_norm_prologue")
+        mp.setattr(gemv, "ACT_PROLOGUE", request.param == "gemv_act_prologue")
         mp.setattr(gemv, "tuned_configs", lambda: table)
         mp.setattr(gemv, "gemv_triton", counting)
         yield calls
@@ -98,6 +100,7 @@ def test_gemv_tokens_within_cublas_top5(model_dir: Path, engines: dict[str, LLM]
     ours = [o.outputs[0].token_ids for o in engines["compiled"].generate(prompts, params)]
     monkeypatch.setattr(gemv, "ENABLED", False)
     monkeypatch.setattr(gemv, "NORM_PROLOGUE", False)
+    monkeypatch.setattr(gemv, "ACT_PROLOGUE", False)
     ref_llm = LLM(model=model_dir, dtype="bfloat16", max_model_len=256, device="cuda", **MODES["compiled"])
     refs = ref_llm.generate(prompts, params)
     for toks, ref in zip(ours, refs):

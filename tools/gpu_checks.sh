@@ -19,6 +19,7 @@
 #                                       # the GEMV's prologue, combo/cdt/autotune = Inductor options)
 #   bash tools/gpu_checks.sh l1-runs    # only the L1/L2 runs named in L1_RUNS
 #   bash tools/gpu_checks.sh pdl        # GRAPHRUNNER_PDL=1 and GRAPHRUNNER_ATTN_FOLD_MERGE=1: tests on CUDA, L1/L2 A/B
+#   bash tools/gpu_checks.sh act        # GRAPHRUNNER_GEMV_ACT=1: tests on CUDA, L1/L2 A/B; P1 A/B (gc.freeze, prologues)
 #   bash tools/gpu_checks.sh defaults   # the shipped defaults: L1/L2, kernel table, T1 +- penalties, GPU tests
 #   bash tools/gpu_checks.sh fused-tests # qkv_prep and GEMV kernels on CUDA, then the GPU engine, capture and EAGLE
 #                                        # tests with the fused attention prologue and the GEMV norm prologue on
@@ -36,7 +37,7 @@
 # limit so the last phase still ends (and is tarred) inside the device call:
 #   DEADLINE=560 bash tools/gpu_checks.sh tests-a tests-b
 set -u
-[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-cost | spec-table | gemv | l1-ab | l1-runs | pdl | defaults | fused-tests | p1 | p1-rows | bench2 | startup | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-cost | spec-table | gemv | l1-ab | l1-runs | pdl | act | defaults | fused-tests | p1 | p1-rows | bench2 | startup | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
 OUT=${OUT:-/tmp/out}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 END=$(( $(date +%s) + ${DEADLINE:-100000} ))
@@ -217,6 +218,32 @@ pdl)
   done
   GRAPHRUNNER_PDL=1 GRAPHRUNNER_ATTN_FOLD_MERGE=1 T 150 python3 tools/bench_step_breakdown.py --model /tmp/q06 \
     --json "$R/step_breakdown.json" > "$R/step_breakdown.log" 2>&1
+  ;;
+act)
+  # the MLP's silu(gate) * up in the down projection's GEMV prologue (GRAPHRUNNER_GEMV_ACT=1): kernel tests and the
+  # GEMV engine tests with it on, on CUDA (+ the folded merge's tests, mended), L1/L2 off / act / act + PDL, then
+  # P1 under the defaults, with gc.freeze(), without the fused attention prologue and without the GEMV (where the
+  # miss's doubled time of 2026-12-01 comes from)
+  model
+  T 120 python3 -m pytest -q -p no:cacheprovider tests/test_gemv_act.py tests/test_attention_fold_merge.py \
+    > "$R/pytest_act.log" 2>&1
+  echo "pytest rc=$?" >> "$R/pytest_act.log"
+  T 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu_gemv_engine.py -k act_prologue \
+    > "$R/pytest_act_engine.log" 2>&1
+  echo "pytest rc=$?" >> "$R/pytest_act_engine.log"
+  for run in off act actpdl; do
+    case $run in act) a=1 p=0 ;; actpdl) a=1 p=1 ;; *) a=0 p=0 ;; esac
+    GRAPHRUNNER_GEMV_ACT=$a GRAPHRUNNER_PDL=$p T 100 python3 tools/bench_latency.py --model /tmp/q06 --no-peer \
+      --workloads L1,L2 --batch-sizes 8 --json "$R/l1_$run.json" > "$R/l1_$run.log" 2>&1
+  done
+  for run in default gcfreeze noqkvprep nogemv; do
+    case $run in
+      gcfreeze) env="GRAPHRUNNER_GC_FREEZE=1" ;; noqkvprep) env="GRAPHRUNNER_FUSED_QKV_PREP=0" ;;
+      nogemv) env="GRAPHRUNNER_GEMV=0" ;; *) env="GRAPHRUNNER_GC_FREEZE=0" ;;
+    esac
+    (export "$env"; T 70 python3 tools/bench_prefix_cache.py --model /tmp/q06 --repeats 3 --json "$R/p1_$run.json" \
+      > "$R/p1_$run.log" 2>&1)
+  done
   ;;
 defaults)
   # the shipped defaults (GEMV table, fused attention prologue): L1/L2 and the kernel table, T1 with and without

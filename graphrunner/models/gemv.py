@@ -23,6 +23,7 @@ from torch import Tensor
 from graphrunner.env import env_choice
 from graphrunner.kernel_checks import check_tensor, zeroed_counters
 from graphrunner.kernel_checks import num_sms as _num_sms
+from graphrunner.models.activation import silu_mul, silu_mul_ref, silu_mul_triton
 from graphrunner.models.norm import rms_norm, rms_norm_triton
 from graphrunner.pdl import pdl_launch_dependents, pdl_wait, use_pdl
 
@@ -35,6 +36,9 @@ ENABLED = env_choice("GRAPHRUNNER_GEMV", ("0", "1"), "1") == "1"
 # GRAPHRUNNER_GEMV_NORM=1: an RMSNorm feeding a routed linear runs in the GEMV's prologue (models.linear.norm_linear);
 # off until measured on the H200 (docs/DECISIONS.md)
 NORM_PROLOGUE = env_choice("GRAPHRUNNER_GEMV_NORM", ("0", "1"), "0") == "1"
+# GRAPHRUNNER_GEMV_ACT=1: the MLP's silu(gate) * up runs in the down projection's GEMV prologue
+# (models.linear.silu_mul_linear); off until measured on the H200 (docs/DECISIONS.md)
+ACT_PROLOGUE = env_choice("GRAPHRUNNER_GEMV_ACT", ("0", "1"), "0") == "1"
 
 
 @dataclass(frozen=True)
@@ -127,9 +131,10 @@ def _normed(x, inv, norm_w):
 
 
 @triton.jit
-def _gemv_step(acc, w, k0, k_end, x_ptr, x_rows, norm_ptr, inv, M, stride_xm, rows, M_PAD: tl.constexpr,
-               BLOCK_K: tl.constexpr, USE_DOT: tl.constexpr, NORM: tl.constexpr):
-    """acc [M_PAD, BLOCK_N] += x[:, k0:k0 + BLOCK_K] (normalised with NORM) @ w^T for the loaded tile w [BN, BK]."""
+def _gemv_step(acc, w, k0, k_end, K, x_ptr, x_rows, norm_ptr, inv, M, stride_xm, rows, M_PAD: tl.constexpr,
+               BLOCK_K: tl.constexpr, USE_DOT: tl.constexpr, NORM: tl.constexpr, ACT: tl.constexpr):
+    """acc [M_PAD, BLOCK_N] += x[:, k0:k0 + BLOCK_K] (normalised with NORM; with ACT, silu(x[:, k]) * x[:, K + k])
+    @ w^T for the loaded tile w [BN, BK]."""
     offs_k = k0 + tl.arange(0, BLOCK_K)
     k_mask = offs_k < k_end
     if NORM:
@@ -140,6 +145,8 @@ def _gemv_step(acc, w, k0, k_end, x_ptr, x_rows, norm_ptr, inv, M, stride_xm, ro
         x = tl.load(x_rows + offs_k[None, :], mask=k_mask[None, :], other=0.0)  # [16, BK]
         if NORM:
             x = _normed(x, inv[:, None], norm_w[None, :])
+        if ACT:
+            x = silu_mul(x, tl.load(x_rows + K + offs_k[None, :], mask=k_mask[None, :], other=0.0))
         acc = tl.dot(x, tl.trans(w), acc)
     else:
         wf = w.to(tl.float32)
@@ -148,6 +155,9 @@ def _gemv_step(acc, w, k0, k_end, x_ptr, x_rows, norm_ptr, inv, M, stride_xm, ro
             xm = tl.load(x_ptr + tl.minimum(M - 1, m) * stride_xm + offs_k, mask=k_mask, other=0.0)  # [BK]
             if NORM:
                 xm = _normed(xm, tl.sum(tl.where(rows == m, inv, 0.0), axis=0), norm_w)
+            if ACT:
+                xm = silu_mul(xm, tl.load(x_ptr + tl.minimum(M - 1, m) * stride_xm + K + offs_k, mask=k_mask,
+                                          other=0.0))
             part = tl.sum(wf * xm.to(tl.float32)[None, :], axis=1)  # [BLOCK_N]
             acc = tl.where(rows[:, None] == m, acc + part[None, :], acc)
     return acc
@@ -155,7 +165,7 @@ def _gemv_step(acc, w, k0, k_end, x_ptr, x_rows, norm_ptr, inv, M, stride_xm, ro
 
 @triton.jit
 def _gemv_kernel(
-    x_ptr,  # [M, K] bf16/fp16, unit stride along K
+    x_ptr,  # [M, K] bf16/fp16, unit stride along K ([M, 2K] with ACT: gate, then up)
     w_ptr,  # [N, K] bf16/fp16, unit stride along K
     b_ptr,  # [N] or unused
     norm_ptr,  # [K] RMSNorm weight applied to x first (NORM) or unused
@@ -178,6 +188,7 @@ def _gemv_kernel(
     HAS_BIAS: tl.constexpr,
     USE_DOT: tl.constexpr,
     NORM: tl.constexpr,
+    ACT: tl.constexpr,  # x holds [gate, up]: the kernel's input is silu(gate) * up (models.activation)
     PDL: tl.constexpr,  # launched with programmatic dependent launch (graphrunner.pdl)
 ):
     pid_n = tl.program_id(0)
@@ -212,14 +223,14 @@ def _gemv_kernel(
     acc = tl.zeros((M_PAD, BLOCK_N), dtype=tl.float32)
     loop_start = k_start
     if PDL:  # (without PDL the loop is the one measured on the H200, untouched)
-        acc = _gemv_step(acc, w_first, k_start, k_end, x_ptr, x_rows, norm_ptr, inv, M, stride_xm, rows,
-                         M_PAD, BLOCK_K, USE_DOT, NORM)
+        acc = _gemv_step(acc, w_first, k_start, k_end, K, x_ptr, x_rows, norm_ptr, inv, M, stride_xm, rows,
+                         M_PAD, BLOCK_K, USE_DOT, NORM, ACT)
         loop_start = k_start + BLOCK_K
     for k0 in range(loop_start, k_end, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         w = tl.load(w_rows + offs_k[None, :], mask=n_mask[:, None] & (offs_k < k_end)[None, :], other=0.0)
-        acc = _gemv_step(acc, w, k0, k_end, x_ptr, x_rows, norm_ptr, inv, M, stride_xm, rows,
-                         M_PAD, BLOCK_K, USE_DOT, NORM)
+        acc = _gemv_step(acc, w, k0, k_end, K, x_ptr, x_rows, norm_ptr, inv, M, stride_xm, rows,
+                         M_PAD, BLOCK_K, USE_DOT, NORM, ACT)
     mask = (rows < M)[:, None] & n_mask[None, :]
     out = out_ptr + rows[:, None].to(tl.int64) * stride_om + offs_n[None, :]
     if not SPLIT:
@@ -251,22 +262,27 @@ def _counter_buffer(device: torch.device) -> Tensor | None:
     return zeroed_counters(_counters, device, _MAX_TILES)
 
 
-def _check(x: Tensor, weight: Tensor, bias: Tensor | None) -> None:
+def _check(x: Tensor, weight: Tensor, bias: Tensor | None, gated: bool = False) -> None:
     check_tensor(x, "x", _DTYPES, 2, None)
     check_tensor(weight, "weight", x.dtype, 2, x.device)
     if bias is not None:
         check_tensor(bias, "bias", x.dtype, 1, x.device)
         if bias.shape[0] != weight.shape[0]:
             raise ValueError(f"bias has {bias.shape[0]} entries, weight has {weight.shape[0]} rows")
-    if x.shape[1] != weight.shape[1]:
+    if gated and x.shape[1] != 2 * weight.shape[1]:
+        raise ValueError(f"gate_up [M, {x.shape[1]}] must be [M, 2K] for weight [N, K = {weight.shape[1]}]")
+    if not gated and x.shape[1] != weight.shape[1]:
         raise ValueError(f"x [M, {x.shape[1]}] and weight [N, {weight.shape[1]}] disagree on K")
     if x.shape[0] > MAX_M:
         raise ValueError(f"gemv_triton takes at most {MAX_M} rows, got {x.shape[0]}")
 
 
-def gemv_ref(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:  # [M, N]
-    """PyTorch reference: float32 accumulation of x [M, K] @ weight [N, K]^T (+ bias), cast to x's dtype."""
-    _check(x, weight, bias)
+def gemv_ref(x: Tensor, weight: Tensor, bias: Tensor | None, silu_mul: bool = False) -> Tensor:  # [M, N]
+    """PyTorch reference: float32 accumulation of x [M, K] @ weight [N, K]^T (+ bias), cast to x's dtype. With
+    silu_mul, x is a gate-up output [M, 2K] and the product's input is silu(gate) * up (models.activation)."""
+    _check(x, weight, bias, silu_mul)
+    if silu_mul:
+        x = silu_mul_ref(x)
     out = x.float() @ weight.float().t()
     if bias is not None:
         out = out + bias.float()
@@ -274,15 +290,18 @@ def gemv_ref(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:  # [M, N
 
 
 def gemv_triton(x: Tensor, weight: Tensor, bias: Tensor | None, config: GemvConfig | None = None,
-                norm: tuple[Tensor, float] | None = None) -> Tensor:
+                norm: tuple[Tensor, float] | None = None, silu_mul: bool = False) -> Tensor:
     """x [M <= 8, K] @ weight [N, K]^T (+ bias [N]) -> [M, N] in x's dtype, float32 accumulation. With
-    norm = (RMSNorm weight [K], eps) x is normalised first, inside the kernel (models.norm.rms_norm's numerics)."""
-    _check(x, weight, bias)
+    norm = (RMSNorm weight [K], eps) x is normalised first, inside the kernel (models.norm.rms_norm's numerics);
+    with silu_mul, x is [M, 2K] (gate, up) and the kernel's prologue makes silu(gate) * up (gemv_ref's contract)."""
+    _check(x, weight, bias, silu_mul)
+    if norm is not None and silu_mul:
+        raise ValueError("the GEMV prologue takes a norm or the gated activation, not both")
     if norm is not None:
         check_tensor(norm[0], "norm weight", x.dtype, 1, x.device)
         if norm[0].shape[0] != x.shape[1]:
             raise ValueError(f"norm weight [{norm[0].shape[0]}] does not match K = {x.shape[1]}")
-    m, k = x.shape
+    m, k = x.shape[0], weight.shape[1]
     n = weight.shape[0]
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)  # [M, N]
     if m == 0 or n == 0:
@@ -306,7 +325,7 @@ def gemv_triton(x: Tensor, weight: Tensor, bias: Tensor | None, config: GemvConf
         m, n, k, x.stride(0), weight.stride(0), out.stride(0), k_per_split, split_k,
         float(norm[1]) if norm is not None else 0.0, M_PAD=16 if cfg.use_dot else triton.next_power_of_2(m),
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT=split_k > 1, HAS_BIAS=bias is not None, USE_DOT=cfg.use_dot,
-        NORM=norm is not None, PDL=pdl,
+        NORM=norm is not None, ACT=silu_mul, PDL=pdl,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl,
     )
     return out
@@ -325,6 +344,22 @@ def small_m_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
 @small_m_linear.register_fake
 def _(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     return x.new_empty(x.shape[0], weight.shape[0])
+
+
+@torch.library.custom_op("graphrunner::small_m_silu_mul_linear", mutates_args=())
+def small_m_silu_mul_linear(gate_up: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """linear(silu(gate) * up) for gate_up [M, 2K] -> [M, N]: the GEMV with the activation in its prologue where a
+    tuned config serves M, else one activation launch (silu_mul_triton on CUDA) and F.linear."""
+    config = config_for(gate_up.shape[0], weight.shape[0], weight.shape[1]) if gate_up.device.type == "cuda" else None
+    if config is not None and gate_up.dtype in _DTYPES:
+        return gemv_triton(gate_up, weight, bias, config, silu_mul=True)
+    act = silu_mul_triton(gate_up) if gate_up.device.type == "cuda" else silu_mul_ref(gate_up)
+    return F.linear(act, weight, bias)
+
+
+@small_m_silu_mul_linear.register_fake
+def _(gate_up: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    return gate_up.new_empty(gate_up.shape[0], weight.shape[0])
 
 
 @torch.library.custom_op("graphrunner::small_m_norm_linear", mutates_args=())

@@ -37,6 +37,16 @@ def norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: 
     return linear(rms_norm(x, norm_weight, eps), weight, bias)
 
 
+def silu_mul_linear(gate_up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """linear(silu(gate) * up) for gate_up [T, 2K] (gate, then up): with GRAPHRUNNER_GEMV_ACT=1 and a weight the
+    GEMV serves, the op `graphrunner::small_m_silu_mul_linear` (the activation inside the GEMV's prologue at small
+    token counts); otherwise exactly the activation, then `linear`."""
+    if gemv.ACT_PROLOGUE and gate_up.dim() == 2 and gate_up.dtype == weight.dtype and routes_to_gemv(weight):
+        return torch.ops.graphrunner.small_m_silu_mul_linear(gate_up, weight, bias)
+    gate, up = gate_up.chunk(2, dim=-1)
+    return linear(F.silu(gate) * up, weight, bias)
+
+
 class Linear(nn.Linear):
     """nn.Linear whose forward goes through `linear` (same parameters, same checkpoint names)."""
 
@@ -46,6 +56,10 @@ class Linear(nn.Linear):
     def forward_normed(self, x: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
         """self(norm(x)), through norm_linear."""
         return norm_linear(x, norm.weight, norm.eps, self.weight, self.bias)
+
+    def forward_gated(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """self(silu(gate) * up) for gate_up [T, 2 * in_features], through silu_mul_linear."""
+        return silu_mul_linear(gate_up, self.weight, self.bias)
 
 
 class MergedLinear(Linear):

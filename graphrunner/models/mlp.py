@@ -4,7 +4,6 @@ parallelism gate-up is split column-wise (each rank its slice of the intermediat
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from graphrunner.models.norm import RMSNorm
@@ -25,6 +24,5 @@ class GatedMLP(nn.Module):
     def forward(self, x: torch.Tensor, norm: RMSNorm | None = None) -> torch.Tensor:
         """x [T, hidden] -> [T, hidden]; `norm`: the layer's post-attention norm, applied here (models.linear.
         norm_linear may fold it into gate_up)."""
-        gate_up = self.gate_up_proj(x) if norm is None else self.gate_up_proj.forward_normed(x, norm)
-        gate, up = gate_up.split(self.intermediate_size, dim=-1)  # each [T, I]
-        return self.down_proj(F.silu(gate) * up)
+        gate_up = self.gate_up_proj(x) if norm is None else self.gate_up_proj.forward_normed(x, norm)  # [T, 2I]
+        return self.down_proj.forward_gated(gate_up)  # (models.linear.silu_mul_linear may fold the activation in)

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from graphrunner.models.linear import Linear, MergedLinear, linear
+from graphrunner.models.linear import Linear, MergedLinear, linear, silu_mul_linear
 from graphrunner.parallel_state import tp_all_gather, tp_all_reduce, tp_rank, tp_size, vocab_range
 
 
@@ -57,6 +57,13 @@ class RowParallelLinear(Linear):
         if self.world == 1:
             return super().forward(x)
         out = tp_all_reduce(linear(x, self.weight))
+        return out if self.bias is None else out + self.bias
+
+    def forward_gated(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """self(silu(gate) * up) for gate_up [T, 2 * in / world] (this rank's gate and up slices)."""
+        if self.world == 1:
+            return super().forward_gated(gate_up)
+        out = tp_all_reduce(silu_mul_linear(gate_up, self.weight))
         return out if self.bias is None else out + self.bias
 
 
