@@ -87,7 +87,8 @@ def test_act_prologue_rejects_bad_input() -> None:
 
 def test_silu_mul_linear_routing_and_op_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
     """silu_mul_linear is exactly the activation then linear unless GRAPHRUNNER_GEMV_ACT routes it (CUDA, tuned
-    weight); the op falls back to the activation and F.linear where no config serves M, and passes opcheck."""
+    weight); the op takes the prologue under a row-loop config, the activation's kernel then the GEMV under a
+    tensor-core one, the activation and F.linear where no config serves M, and passes opcheck."""
     gu = _gate_up(3, 40, torch.bfloat16, seed=6)
     g = torch.Generator().manual_seed(2)
     w = (torch.randn(24, 40, generator=g) / 40**0.5).to(torch.bfloat16).to(DEVICE)
@@ -107,6 +108,9 @@ def test_silu_mul_linear_routing_and_op_fallback(monkeypatch: pytest.MonkeyPatch
     torch.testing.assert_close(op(gu, w, b), expected, **TOL[torch.bfloat16])
     if DEVICE == "cuda":  # M = 2: the prologue
         assert torch.equal(op(gu[:2], w, b), gemv_triton(gu[:2], w, b, cfg, silu_mul=True))
+        dot = GemvConfig(16, 32, 1, max_m=4, use_dot=True)  # tensor cores: the activation's kernel, then the GEMV
+        monkeypatch.setattr(gemv, "tuned_configs", lambda: {(24, 40): (cfg, dot)})
+        assert torch.equal(op(gu, w, b), gemv_triton(silu_mul_triton(gu), w, b, dot))
     torch.library.opcheck(op.default, (gu, w, b), test_utils=("test_schema", "test_faketensor"))
 
 
