@@ -20,6 +20,7 @@
 #   bash tools/gpu_checks.sh l1-runs    # only the L1/L2 runs named in L1_RUNS
 #   bash tools/gpu_checks.sh pdl        # GRAPHRUNNER_PDL=1 and GRAPHRUNNER_ATTN_FOLD_MERGE=1: tests on CUDA, L1/L2 A/B
 #   bash tools/gpu_checks.sh act        # GRAPHRUNNER_GEMV_ACT=1: tests on CUDA, L1/L2 A/B; P1 A/B (gc.freeze, prologues)
+#   bash tools/gpu_checks.sh act-pdl    # GRAPHRUNNER_GEMV_ACT=1 GRAPHRUNNER_PDL=1: GPU tests, L1/L2 off/both, T1 +- penalties
 #   bash tools/gpu_checks.sh defaults   # the shipped defaults: L1/L2, kernel table, T1 +- penalties, GPU tests
 #   bash tools/gpu_checks.sh fused-tests # qkv_prep and GEMV kernels on CUDA, then the GPU engine, capture and EAGLE
 #                                        # tests with the fused attention prologue and the GEMV norm prologue on
@@ -37,7 +38,7 @@
 # limit so the last phase still ends (and is tarred) inside the device call:
 #   DEADLINE=560 bash tools/gpu_checks.sh tests-a tests-b
 set -u
-[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-cost | spec-table | gemv | l1-ab | l1-runs | pdl | act | defaults | fused-tests | p1 | p1-rows | bench2 | startup | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-cost | spec-table | gemv | l1-ab | l1-runs | pdl | act | act-pdl | defaults | fused-tests | p1 | p1-rows | bench2 | startup | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
 OUT=${OUT:-/tmp/out}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 END=$(( $(date +%s) + ${DEADLINE:-100000} ))
@@ -244,6 +245,23 @@ act)
     (export "$env"; T 70 python3 tools/bench_prefix_cache.py --model /tmp/q06 --repeats 3 --json "$R/p1_$run.json" \
       > "$R/p1_$run.log" 2>&1)
   done
+  ;;
+act-pdl)
+  # before turning GRAPHRUNNER_GEMV_ACT=1 GRAPHRUNNER_PDL=1 on by default: the GPU tests with both on, then L1/L2
+  # off / both, the kernel table and T1 +- penalties with both
+  model
+  export GRAPHRUNNER_GEMV_ACT=1 GRAPHRUNNER_PDL=1
+  T 240 python3 -m pytest -q -p no:cacheprovider -m gpu --durations=5 tests/test_gpu_engine.py tests/test_gpu_capture.py \
+    tests/test_gpu_gemv_engine.py tests/test_pdl.py tests/test_gemv_act.py > "$R/pytest_gpu.log" 2>&1
+  echo "pytest rc=$?" >> "$R/pytest_gpu.log"
+  for run in off both; do
+    a=1; [ "$run" = off ] && a=0
+    GRAPHRUNNER_GEMV_ACT=$a GRAPHRUNNER_PDL=$a T 100 python3 tools/bench_latency.py --model /tmp/q06 --no-peer \
+      --workloads L1,L2 --batch-sizes 8 --json "$R/l1_$run.json" > "$R/l1_$run.log" 2>&1
+  done
+  T 200 python3 tools/bench_throughput.py --model /tmp/q06 --no-peer --penalties both --runs 3 \
+    --json "$R/t1_pen.json" > "$R/t1_pen.log" 2>&1
+  unset GRAPHRUNNER_GEMV_ACT GRAPHRUNNER_PDL
   ;;
 defaults)
   # the shipped defaults (GEMV table, fused attention prologue): L1/L2 and the kernel table, T1 with and without
