@@ -49,10 +49,16 @@ def test_gemv_bit_equal_with_pdl(monkeypatch: pytest.MonkeyPatch, m: int, n: int
     w = (torch.randn(n, k, generator=g) / k**0.5).half().to(DEVICE)
     b = torch.randn(n, generator=g).half().to(DEVICE)
     norm = ((torch.rand(k, generator=g) + 0.5).half().to(DEVICE), 1e-6)
+    gate_up = torch.randn(m, 2 * k, generator=g).half().to(DEVICE)  # the activation prologue's input
+
+    def outputs() -> list[torch.Tensor]:
+        return [gemv_triton(x, w, b, config), gemv_triton(x, w, None, config, norm=norm),
+                gemv_triton(gate_up, w, b, config, silu_mul=True)]
+
     _force_pdl(monkeypatch, False)
-    expected = [gemv_triton(x, w, b, config), gemv_triton(x, w, None, config, norm=norm)]
+    expected = outputs()
     _force_pdl(monkeypatch, True)
-    got = [gemv_triton(x, w, b, config), gemv_triton(x, w, None, config, norm=norm)]
+    got = outputs()
     for e, o in zip(expected, got):
         assert torch.equal(e, o)
 

@@ -200,10 +200,14 @@ def _gemv_kernel(
     k_end = tl.minimum(k_start + k_per_split, K)
     w_rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn  # [BLOCK_N, 1]
     x_rows = x_ptr + tl.minimum(rows, M - 1)[:, None].to(tl.int64) * stride_xm  # [M_PAD, 1]: padding re-reads M - 1
-    if PDL:  # the first weight tile is loaded before the wait for the previous kernel: weights are constant, so
-        # this read overlaps that kernel's tail (the rest reads x or writes, so it waits)
+    # The row loop's PDL variant loads the first weight tile before the wait for the previous kernel (weights
+    # are constant, so this read overlaps that kernel's tail; the rest reads x or writes, so it waits). The
+    # tensor-core variant waits first and keeps its software-pipelined loop whole (peeling it out of that loop is
+    # the suspect for L2's +30 µs with PDL on the H200, thirteenth session).
+    if PDL and not USE_DOT:  # (constexprs: resolved at compile time)
         first_k = k_start + tl.arange(0, BLOCK_K)
         w_first = tl.load(w_rows + first_k[None, :], mask=n_mask[:, None] & (first_k < k_end)[None, :], other=0.0)
+    if PDL:
         pdl_launch_dependents()
         pdl_wait()
     inv = tl.zeros((M_PAD,), dtype=tl.float32)  # NORM: 1 / rms of each x row over all of K (every split needs it)
@@ -222,7 +226,7 @@ def _gemv_kernel(
         inv = tl.rsqrt(ss / K + eps)
     acc = tl.zeros((M_PAD, BLOCK_N), dtype=tl.float32)
     loop_start = k_start
-    if PDL:  # (without PDL the loop is the one measured on the H200, untouched)
+    if PDL and not USE_DOT:  # (without PDL the loop is the one measured on the H200, untouched)
         acc = _gemv_step(acc, w_first, k_start, k_end, K, x_ptr, x_rows, norm_ptr, inv, M, stride_xm, rows,
                          M_PAD, BLOCK_K, USE_DOT, NORM, ACT)
         loop_start = k_start + BLOCK_K
