@@ -9,6 +9,7 @@ and the next step works.
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 from typing import Any
@@ -29,6 +30,8 @@ from graphrunner.scheduler import Scheduler, SchedulerOutput
 from graphrunner.tokenizer import load_tokenizer
 from graphrunner.tp_executor import build_engine_runner
 from model_states import ModelState
+
+logger = logging.getLogger(__name__)
 
 _SEED_MASK = (1 << 63) - 1
 
@@ -52,7 +55,9 @@ class Engine:
     def __init__(self, config: EngineConfig, model_state: ModelState | None = None) -> None:
         configure_from_env()  # GRAPHRUNNER_LOG_LEVEL=INFO: the start-up stages with their seconds
         self.config = config
+        start = time.perf_counter()
         self.tokenizer = None if config.skip_tokenizer_init else load_tokenizer(config.tokenizer_dir)
+        logger.info("tokenizer loaded (%.1f s)", time.perf_counter() - start)
         self.runner, num_blocks = build_engine_runner(config, model_state)  # rank 0's, with tensor parallelism
         pool = BlockPool(num_blocks, enable_caching=config.enable_prefix_caching)
         self.scheduler = Scheduler(config.scheduler, pool, config.cache.block_size, config.speculative)

@@ -43,3 +43,26 @@ def test_choices(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(NAME, "c")
     with pytest.raises(ValueError, match=f"{NAME} must be one of a, b, got 'c'"):
         env_choice(NAME, ("a", "b"), "a")
+
+
+@pytest.mark.parametrize(("value", "frozen"), [("1", True), ("0", False), ("yes", None)])
+def test_gc_freeze_switch(value: str, frozen: bool | None) -> None:
+    """GRAPHRUNNER_GC_FREEZE=1 freezes the collector's heap once the runner is ready (0 does not); a bad value is
+    refused naming the variable."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    code = ("import gc; from graphrunner import LLM, SamplingParams\n"
+            f"llm = LLM(model={str(root / 'graphrunner' / 'demo_model')!r}, device='cpu', enforce_eager=True)\n"
+            "out = llm.generate([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))\n"
+            "print('FROZEN', gc.get_freeze_count() > 0, len(out[0].outputs[0].token_ids))\n")
+    got = subprocess.run([sys.executable, "-c", code], env={**os.environ, "GRAPHRUNNER_GC_FREEZE": value},
+                         capture_output=True, text=True, check=False, timeout=300, cwd=root)
+    if frozen is None:
+        assert got.returncode != 0 and "GRAPHRUNNER_GC_FREEZE must be one of 0, 1" in got.stderr, got.stderr
+    else:
+        assert got.returncode == 0, got.stderr[-2000:]
+        assert f"FROZEN {frozen} 2" in got.stdout

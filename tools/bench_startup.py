@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from datetime import datetime
 from pathlib import Path
 
 FIRST_TOKEN = """
@@ -43,6 +44,14 @@ def _empty_caches(root: Path) -> dict[str, str]:
     return env
 
 
+def _since(asctime: str, t0: float) -> str:
+    """A log line's time ("2026-12-01 06:29:02,123", the child's local time) as seconds since t0, or "?"."""
+    try:
+        return f"{datetime.strptime(asctime, '%Y-%m-%d %H:%M:%S,%f').timestamp() - t0:.3f}"
+    except ValueError:
+        return "?"
+
+
 def _first_token(model: str, cache: str, env: dict[str, str]) -> float:
     """Seconds from spawning a Python process to its first generated token (cache: "eager", "-" for the
     default engine, or a precompiled directory)."""
@@ -51,14 +60,15 @@ def _first_token(model: str, cache: str, env: dict[str, str]) -> float:
                           text=True, check=False, env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"run failed: {proc.stderr[-2000:]}")
-    # where the seconds went: the child's stage marks (since spawn) and, with GRAPHRUNNER_LOG_LEVEL=INFO, the
-    # runner's start-up stages (each with the seconds since the previous one)
+    # where the seconds went: the child's stage marks and, with GRAPHRUNNER_LOG_LEVEL=INFO, the engine's start-up
+    # log lines (tokenizer, the runner's stages with the seconds since the previous one), all timed since spawn
     for line in proc.stdout.splitlines():
         if line.startswith("STAGE "):
             print(f"    [{cache}] at {line.rsplit(' ', 1)[1]} s: {line[6:].rsplit(' ', 1)[0]}", flush=True)
-    for line in proc.stderr.splitlines():
-        if "graphrunner.worker:" in line:
-            print(f"    [{cache}] {line.split('graphrunner.worker: ', 1)[1]}", flush=True)
+    for line in proc.stderr.splitlines():  # "<asctime> graphrunner pid=N <logger>: <message>"
+        head, sep, message = line.partition(": ")
+        if sep and " graphrunner pid=" in head:
+            print(f"    [{cache}] at {_since(head[:23], t0)} s: {message}", flush=True)
     return float(proc.stdout.split("FIRST_TOKEN")[-1])
 
 
