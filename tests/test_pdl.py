@@ -15,7 +15,7 @@ from tiny_models import greedy_tokens_off_and_on, make_tiny_model
 from graphrunner import pdl
 from graphrunner.attention import triton_attention
 from graphrunner.attention.testing import contiguous_batch
-from graphrunner.models import gemv, qkv_prep
+from graphrunner.models import gemv, norm, qkv_prep
 from graphrunner.models.gemv import GemvConfig, gemv_triton
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -24,7 +24,7 @@ _PDL_CAPABLE = torch.cuda.is_available() and torch.cuda.get_device_capability()[
 
 def _force_pdl(monkeypatch: pytest.MonkeyPatch, on: bool) -> None:
     """Every kernel module's PDL decision, forced (CPU: the interpreter runs the PDL branches with no-op waits)."""
-    for module in (gemv, qkv_prep, triton_attention):
+    for module in (gemv, qkv_prep, triton_attention, norm):
         monkeypatch.setattr(module, "use_pdl", lambda _device, on=on: on and (DEVICE == "cpu" or _PDL_CAPABLE))
 
 
@@ -61,6 +61,17 @@ def test_gemv_bit_equal_with_pdl(monkeypatch: pytest.MonkeyPatch, m: int, n: int
     got = outputs()
     for e, o in zip(expected, got):
         assert torch.equal(e, o)
+
+
+def test_add_rms_norm_bit_equal_with_pdl(monkeypatch: pytest.MonkeyPatch) -> None:
+    g = torch.Generator().manual_seed(5)
+    x, r = (torch.randn(3, 100, generator=g).half().to(DEVICE) for _ in range(2))
+    w = (torch.rand(100, generator=g) + 0.5).half().to(DEVICE)
+    results = []
+    for on in (False, True):
+        _force_pdl(monkeypatch, on)
+        results.append(norm.add_rms_norm_triton(x, r, w, 1e-6))
+    assert all(torch.equal(a, b) for a, b in zip(*results))
 
 
 def test_qkv_prep_bit_equal_with_pdl(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -20,7 +20,7 @@
 #   bash tools/gpu_checks.sh l1-runs    # only the L1/L2 runs named in L1_RUNS
 #   bash tools/gpu_checks.sh pdl        # GRAPHRUNNER_PDL=1 and GRAPHRUNNER_ATTN_FOLD_MERGE=1: tests on CUDA, L1/L2 A/B
 #   bash tools/gpu_checks.sh act        # GRAPHRUNNER_GEMV_ACT=1: tests on CUDA, L1/L2 A/B; P1 A/B (gc.freeze, prologues)
-#   bash tools/gpu_checks.sh act-pdl    # GRAPHRUNNER_GEMV_ACT=1 GRAPHRUNNER_PDL=1: GPU tests, L1/L2 off/both, T1 +- penalties
+#   bash tools/gpu_checks.sh act-pdl    # GEMV_ACT + PDL (+ FUSED_ADD_NORM): GPU tests, L1/L2 A/B, T1 +- penalties
 #   bash tools/gpu_checks.sh defaults   # the shipped defaults: L1/L2, kernel table, T1 +- penalties, GPU tests
 #   bash tools/gpu_checks.sh fused-tests # qkv_prep and GEMV kernels on CUDA, then the GPU engine, capture and EAGLE
 #                                        # tests with the fused attention prologue and the GEMV norm prologue on
@@ -247,21 +247,20 @@ act)
   done
   ;;
 act-pdl)
-  # before turning GRAPHRUNNER_GEMV_ACT=1 GRAPHRUNNER_PDL=1 on by default: the GPU tests with both on, then L1/L2
-  # off / both, the kernel table and T1 +- penalties with both
+  # before turning GRAPHRUNNER_GEMV_ACT=1 GRAPHRUNNER_PDL=1 (and GRAPHRUNNER_FUSED_ADD_NORM=1) on by default: the GPU
+  # tests with all three on, then L1/L2 off / act + PDL / all three, and T1 +- penalties with all three
   model
-  export GRAPHRUNNER_GEMV_ACT=1 GRAPHRUNNER_PDL=1
-  T 240 python3 -m pytest -q -p no:cacheprovider -m gpu --durations=5 tests/test_gpu_engine.py tests/test_gpu_capture.py \
-    tests/test_gpu_gemv_engine.py tests/test_pdl.py tests/test_gemv_act.py > "$R/pytest_gpu.log" 2>&1
+  GRAPHRUNNER_GEMV_ACT=1 GRAPHRUNNER_PDL=1 GRAPHRUNNER_FUSED_ADD_NORM=1 T 260 python3 -m pytest -q -p no:cacheprovider \
+    -m gpu --durations=5 tests/test_gpu_engine.py tests/test_gpu_capture.py tests/test_gpu_gemv_engine.py \
+    tests/test_pdl.py tests/test_gemv_act.py tests/test_add_norm.py > "$R/pytest_gpu.log" 2>&1
   echo "pytest rc=$?" >> "$R/pytest_gpu.log"
-  for run in off both; do
-    a=1; [ "$run" = off ] && a=0
-    GRAPHRUNNER_GEMV_ACT=$a GRAPHRUNNER_PDL=$a T 100 python3 tools/bench_latency.py --model /tmp/q06 --no-peer \
-      --workloads L1,L2 --batch-sizes 8 --json "$R/l1_$run.json" > "$R/l1_$run.log" 2>&1
+  for run in off actpdl all; do
+    case $run in actpdl) a=1 n=0 ;; all) a=1 n=1 ;; *) a=0 n=0 ;; esac
+    GRAPHRUNNER_GEMV_ACT=$a GRAPHRUNNER_PDL=$a GRAPHRUNNER_FUSED_ADD_NORM=$n T 100 python3 tools/bench_latency.py \
+      --model /tmp/q06 --no-peer --workloads L1,L2 --batch-sizes 8 --json "$R/l1_$run.json" > "$R/l1_$run.log" 2>&1
   done
-  T 200 python3 tools/bench_throughput.py --model /tmp/q06 --no-peer --penalties both --runs 3 \
-    --json "$R/t1_pen.json" > "$R/t1_pen.log" 2>&1
-  unset GRAPHRUNNER_GEMV_ACT GRAPHRUNNER_PDL
+  GRAPHRUNNER_GEMV_ACT=1 GRAPHRUNNER_PDL=1 GRAPHRUNNER_FUSED_ADD_NORM=1 T 200 python3 tools/bench_throughput.py \
+    --model /tmp/q06 --no-peer --penalties both --runs 2 --json "$R/t1_pen.json" > "$R/t1_pen.log" 2>&1
   ;;
 defaults)
   # the shipped defaults (GEMV table, fused attention prologue): L1/L2 and the kernel table, T1 with and without

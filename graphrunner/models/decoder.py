@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from graphrunner.config import ModelConfig
+from graphrunner.models import norm as norm_mod
 from graphrunner.models.linear import linear
 from graphrunner.models.mlp import GatedMLP
 from graphrunner.models.norm import RMSNorm
@@ -46,6 +47,20 @@ class DecoderLayer(nn.Module):
             hidden = hidden + self.self_attn(norm(hidden), cos, sin)
         return hidden + self.mlp(hidden, norm=self.post_attention_layernorm)
 
+    def forward_fused(self, residual: torch.Tensor, delta: torch.Tensor | None, cos: torch.Tensor,
+                      sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The same layer with each residual add and the norm after it in one op (graphrunner::add_rms_norm):
+        the hidden state is residual + delta ([T, H] each; delta None before the first layer). Returns the new
+        (residual, delta): the residual through attention, and the MLP's output still to be added."""
+        ln1, ln2 = self.input_layernorm, self.post_attention_layernorm
+        if delta is None:
+            normed = ln1(residual)
+        else:
+            normed, residual = torch.ops.graphrunner.add_rms_norm(delta, residual, ln1.weight, ln1.eps)
+        attn = self.self_attn(normed, cos, sin)
+        normed, residual = torch.ops.graphrunner.add_rms_norm(attn, residual, ln2.weight, ln2.eps)
+        return residual, self.mlp(normed)
+
 
 class DecoderModel(nn.Module):
     """embed_tokens -> layers -> norm; rope cos/sin are looked up once and shared by all layers."""
@@ -69,6 +84,11 @@ class DecoderModel(nn.Module):
         """input_ids [T] int64, positions [T] int64 (or inputs_embeds [T, H]) -> hidden [T, H]."""
         hidden = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds  # [T, H]
         cos, sin = self.rotary_emb(positions, hidden.dtype)  # each [T, 1, D/2]
+        if norm_mod.FUSED_ADD_NORM and self.layers:
+            delta = None
+            for layer in self.layers:
+                hidden, delta = layer.forward_fused(hidden, delta, cos, sin)
+            return torch.ops.graphrunner.add_rms_norm(delta, hidden, self.norm.weight, self.norm.eps)[0]
         for layer in self.layers:
             hidden = layer(hidden, cos, sin)
         return self.norm(hidden)

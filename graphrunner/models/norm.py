@@ -2,6 +2,8 @@
 
 Used for the per-layer norms, the final norm and Qwen3's per-head q/k norms. `rms_norm` is the PyTorch form (the
 reference); `rms_norm_triton` the one-launch kernel the small-M linear falls back to for larger token counts.
+`add_rms_norm` is the decoder's residual add and the next norm in one op (GRAPHRUNNER_FUSED_ADD_NORM=1): a Triton
+kernel on CUDA that can take programmatic dependent launch, so a decode layer's kernels chain without a gap.
 """
 
 from __future__ import annotations
@@ -11,7 +13,13 @@ import triton
 import triton.language as tl
 from torch import nn
 
-from graphrunner.kernel_checks import check_tensor
+from graphrunner.env import env_choice
+from graphrunner.kernel_checks import check_tensor, interpreted
+from graphrunner.pdl import pdl_launch_dependents, pdl_wait, use_pdl
+
+# GRAPHRUNNER_FUSED_ADD_NORM=1: the decoder's residual adds and the norms after them run as graphrunner::add_rms_norm
+# (models.decoder); off until measured on the H200 (docs/DECISIONS.md)
+FUSED_ADD_NORM = env_choice("GRAPHRUNNER_FUSED_ADD_NORM", ("0", "1"), "0") == "1"
 
 
 class RMSNorm(nn.Module):
@@ -63,3 +71,66 @@ def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.
         _rms_norm_kernel[(x.shape[0],)](x, weight, out, x.stride(0), out.stride(0), x.shape[1], eps,
                                         BLOCK=triton.next_power_of_2(x.shape[1]), num_warps=4)
     return out
+
+
+def add_rms_norm_ref(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                     eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(residual + x), residual + x) with eager PyTorch's numerics: the sum rounded to the dtype, then
+    normalised. x and residual [T, D], weight [D]."""
+    summed = residual + x
+    return rms_norm(summed, weight, eps), summed
+
+
+@triton.jit
+def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, stride_x, stride_r, stride_o, stride_s, D, eps,
+                         BLOCK: tl.constexpr, PDL: tl.constexpr):
+    if PDL:  # x is the previous kernel's output: nothing is read before the wait
+        pdl_launch_dependents()
+        pdl_wait()
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < D
+    x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
+    r = tl.load(res_ptr + row * stride_r + offs, mask=mask, other=0.0)
+    summed = (r.to(tl.float32) + x.to(tl.float32)).to(x.dtype)  # rounded like eager PyTorch's add
+    tl.store(sum_ptr + row * stride_s + offs, summed, mask=mask)
+    h = summed.to(tl.float32)
+    inv = tl.rsqrt(tl.sum(h * h, axis=0) / D + eps)
+    w = tl.load(w_ptr + offs, mask=mask, other=0.0)
+    y = (w.to(tl.float32) * (h * inv).to(x.dtype).to(tl.float32)).to(out_ptr.dtype.element_ty)
+    tl.store(out_ptr + row * stride_o + offs, y, mask=mask)
+
+
+def add_rms_norm_triton(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                        eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """add_rms_norm_ref's contract in one launch, a program per row (x and residual [T, D], unit stride along D)."""
+    check_tensor(x, "x", (torch.float32, torch.bfloat16, torch.float16), 2, None)
+    check_tensor(residual, "residual", x.dtype, 2, x.device)
+    check_tensor(weight, "weight", x.dtype, 1, x.device)
+    if residual.shape != x.shape or weight.shape[0] != x.shape[1] or x.stride(1) != 1 or residual.stride(1) != 1:
+        raise ValueError(f"x {tuple(x.shape)} and residual {tuple(residual.shape)} (unit stride along D) must match "
+                         f"each other and weight [{weight.shape[0]}]")
+    out, summed = torch.empty_like(x), torch.empty_like(x)
+    if x.shape[0] and x.shape[1]:
+        pdl = use_pdl(x.device)
+        _add_rms_norm_kernel[(x.shape[0],)](x, residual, weight, out, summed, x.stride(0), residual.stride(0),
+                                            out.stride(0), summed.stride(0), x.shape[1], eps,
+                                            BLOCK=triton.next_power_of_2(x.shape[1]), PDL=pdl, num_warps=4,
+                                            launch_pdl=pdl)
+    return out, summed
+
+
+@torch.library.custom_op("graphrunner::add_rms_norm", mutates_args=())
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(residual + x), residual + x): the Triton kernel on CUDA, the PyTorch form elsewhere (and under
+    Triton's interpreter). Opaque to torch.compile, so Inductor keeps it one launch."""
+    if x.device.type == "cuda" and not interpreted():
+        return add_rms_norm_triton(x, residual, weight, eps)
+    return add_rms_norm_ref(x, residual, weight, eps)
+
+
+@add_rms_norm.register_fake
+def _(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+      eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.empty_like(x), torch.empty_like(x)
