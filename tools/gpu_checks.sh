@@ -49,6 +49,9 @@ T() {
   if [ "$lim" -le 5 ]; then echo "skipped (deadline): $*"; return 124; fi
   timeout --signal=KILL "$lim" "$@"
 }
+# lat NAME: L1 and L2 (batch 8) on the bench model under the caller's environment, into $R/NAME.{json,log}
+lat() { T "${LAT_LIMIT:-130}" python3 tools/bench_latency.py --model /tmp/q06 --no-peer --workloads L1,L2 --batch-sizes 8 \
+  --json "$R/$1.json" > "$R/$1.log" 2>&1; }
 model() { [ -d /tmp/q06 ] || python3 tools/make_bench_model.py --out /tmp/q06 --tokenizer > "$R/make_model.log" 2>&1; }
 # random-weight proposers with the target's vocabulary: an 8-layer draft of the demo model's shape and an EAGLE
 # head trained for two steps (a verify step's cost does not depend on what they propose: it is always 1 + k tokens)
@@ -180,8 +183,6 @@ l1-ab|l1-runs)
       > "$R/pytest_gemv_engine.log" 2>&1
     echo "pytest rc=$?" >> "$R/pytest_gemv_engine.log"
   fi
-  lat() { T "${LAT_LIMIT:-130}" python3 tools/bench_latency.py --model /tmp/q06 --no-peer --workloads L1,L2 --batch-sizes 8 \
-    --json "$R/$1.json" > "$R/$1.log" 2>&1; }
   for run in ${L1_RUNS:-base attn gemv}; do
     case $run in
       # the fused attention prologue is on by default since 2026-12-01: base/attn/gemv turn it off (as measured then)
@@ -214,8 +215,7 @@ pdl)
   echo "pytest rc=$?" >> "$R/pytest_pdl.log"
   for run in off pdl fold both off2; do
     case $run in pdl) p=1 f=0 ;; fold) p=0 f=1 ;; both) p=1 f=1 ;; *) p=0 f=0 ;; esac
-    GRAPHRUNNER_PDL=$p GRAPHRUNNER_ATTN_FOLD_MERGE=$f T 130 python3 tools/bench_latency.py --model /tmp/q06 --no-peer \
-      --workloads L1,L2 --batch-sizes 8 --json "$R/l1_$run.json" > "$R/l1_$run.log" 2>&1
+    GRAPHRUNNER_PDL=$p GRAPHRUNNER_ATTN_FOLD_MERGE=$f lat "l1_$run"
   done
   GRAPHRUNNER_PDL=1 GRAPHRUNNER_ATTN_FOLD_MERGE=1 T 150 python3 tools/bench_step_breakdown.py --model /tmp/q06 \
     --json "$R/step_breakdown.json" > "$R/step_breakdown.log" 2>&1
@@ -234,8 +234,7 @@ act)
   echo "pytest rc=$?" >> "$R/pytest_act_engine.log"
   for run in off act actpdl; do
     case $run in act) a=1 p=0 ;; actpdl) a=1 p=1 ;; *) a=0 p=0 ;; esac
-    GRAPHRUNNER_GEMV_ACT=$a GRAPHRUNNER_PDL=$p T 100 python3 tools/bench_latency.py --model /tmp/q06 --no-peer \
-      --workloads L1,L2 --batch-sizes 8 --json "$R/l1_$run.json" > "$R/l1_$run.log" 2>&1
+    GRAPHRUNNER_GEMV_ACT=$a GRAPHRUNNER_PDL=$p LAT_LIMIT=100 lat "l1_$run"
   done
   for run in default gcfreeze noqkvprep nogemv; do
     case $run in
@@ -256,8 +255,7 @@ act-pdl)
   echo "pytest rc=$?" >> "$R/pytest_gpu.log"
   for run in off actpdl all; do
     case $run in actpdl) a=1 n=0 ;; all) a=1 n=1 ;; *) a=0 n=0 ;; esac
-    GRAPHRUNNER_GEMV_ACT=$a GRAPHRUNNER_PDL=$a GRAPHRUNNER_FUSED_ADD_NORM=$n T 100 python3 tools/bench_latency.py \
-      --model /tmp/q06 --no-peer --workloads L1,L2 --batch-sizes 8 --json "$R/l1_$run.json" > "$R/l1_$run.log" 2>&1
+    GRAPHRUNNER_GEMV_ACT=$a GRAPHRUNNER_PDL=$a GRAPHRUNNER_FUSED_ADD_NORM=$n LAT_LIMIT=100 lat "l1_$run"
   done
   GRAPHRUNNER_GEMV_ACT=1 GRAPHRUNNER_PDL=1 GRAPHRUNNER_FUSED_ADD_NORM=1 T 200 python3 tools/bench_throughput.py \
     --model /tmp/q06 --no-peer --penalties both --runs 2 --json "$R/t1_pen.json" > "$R/t1_pen.log" 2>&1
@@ -266,8 +264,7 @@ defaults)
   # the shipped defaults (GEMV table, fused attention prologue): L1/L2 and the kernel table, T1 with and without
   # penalties, then the GPU tests the fused-tests phase did not run, and the prologue's kernel tests on CUDA
   model
-  T 130 python3 tools/bench_latency.py --model /tmp/q06 --no-peer --workloads L1,L2 --batch-sizes 8 \
-    --json "$R/l1.json" > "$R/l1.log" 2>&1
+  lat l1
   T 150 python3 tools/bench_step_breakdown.py --model /tmp/q06 --json "$R/step_breakdown.json" \
     > "$R/step_breakdown.log" 2>&1
   T 200 python3 tools/bench_throughput.py --model /tmp/q06 --no-peer --penalties both --runs 3 \

@@ -24,7 +24,7 @@ from graphrunner.env import env_choice
 from graphrunner.kernel_checks import check_tensor, zeroed_counters
 from graphrunner.kernel_checks import num_sms as _num_sms
 from graphrunner.models.activation import silu_mul, silu_mul_ref, silu_mul_triton
-from graphrunner.models.norm import rms_norm, rms_norm_triton
+from graphrunner.models.norm import normed_tile, rms_norm, rms_norm_triton
 from graphrunner.pdl import pdl_launch_dependents, pdl_wait, use_pdl
 
 MAX_M = 8  # token counts above this go to cuBLAS
@@ -125,12 +125,6 @@ def default_config(n: int, k: int, device: torch.device) -> GemvConfig:
 
 
 @triton.jit
-def _normed(x, inv, norm_w):
-    # HF's RMSNorm on a loaded tile: x * (1 / rms) in float32, cast back to x's dtype, then times the weight
-    return (norm_w.to(tl.float32) * (x.to(tl.float32) * inv).to(x.dtype).to(tl.float32)).to(x.dtype)
-
-
-@triton.jit
 def _gemv_step(acc, w, k0, k_end, K, x_ptr, x_rows, norm_ptr, inv, M, stride_xm, rows, M_PAD: tl.constexpr,
                BLOCK_K: tl.constexpr, USE_DOT: tl.constexpr, NORM: tl.constexpr, ACT: tl.constexpr):
     """acc [M_PAD, BLOCK_N] += x[:, k0:k0 + BLOCK_K] (normalised with NORM; with ACT, silu(x[:, k]) * x[:, K + k])
@@ -144,7 +138,7 @@ def _gemv_step(acc, w, k0, k_end, K, x_ptr, x_rows, norm_ptr, inv, M, stride_xm,
     if USE_DOT:  # M_PAD is always 16 here: one instruction shape whatever M
         x = tl.load(x_rows + offs_k[None, :], mask=k_mask[None, :], other=0.0)  # [16, BK]
         if NORM:
-            x = _normed(x, inv[:, None], norm_w[None, :])
+            x = normed_tile(x, inv[:, None], norm_w[None, :])
         if ACT:
             x = silu_mul(x, tl.load(x_rows + K + offs_k[None, :], mask=k_mask[None, :], other=0.0))
         acc = tl.dot(x, tl.trans(w), acc)
@@ -154,7 +148,7 @@ def _gemv_step(acc, w, k0, k_end, K, x_ptr, x_rows, norm_ptr, inv, M, stride_xm,
         for m in tl.static_range(M_PAD):
             xm = tl.load(x_ptr + tl.minimum(M - 1, m) * stride_xm + offs_k, mask=k_mask, other=0.0)  # [BK]
             if NORM:
-                xm = _normed(xm, tl.sum(tl.where(rows == m, inv, 0.0), axis=0), norm_w)
+                xm = normed_tile(xm, tl.sum(tl.where(rows == m, inv, 0.0), axis=0), norm_w)
             if ACT:
                 xm = silu_mul(xm, tl.load(x_ptr + tl.minimum(M - 1, m) * stride_xm + K + offs_k, mask=k_mask,
                                           other=0.0))
@@ -356,13 +350,13 @@ def small_m_silu_mul_linear(gate_up: Tensor, weight: Tensor, bias: Tensor | None
     row-loop config serves M; otherwise one activation launch (silu_mul_triton on CUDA), then the tensor-core GEMV
     where its config serves M, else F.linear. (In the tensor-core GEMV the activation made the 0.6B shape's L2 step
     0.3 ms slower on the H200: its x tiles no longer stream straight to the tensor cores.)"""
-    config = config_for(gate_up.shape[0], weight.shape[0], weight.shape[1]) if gate_up.device.type == "cuda" else None
-    if config is not None and gate_up.dtype in _DTYPES and not config.use_dot:
+    cuda = gate_up.device.type == "cuda"
+    config = config_for(gate_up.shape[0], weight.shape[0], weight.shape[1]) if cuda and gate_up.dtype in _DTYPES \
+        else None
+    if config is not None and not config.use_dot:
         return gemv_triton(gate_up, weight, bias, config, silu_mul=True)
-    act = silu_mul_triton(gate_up) if gate_up.device.type == "cuda" else silu_mul_ref(gate_up)
-    if config is not None and gate_up.dtype in _DTYPES:
-        return gemv_triton(act, weight, bias, config)
-    return F.linear(act, weight, bias)
+    act = silu_mul_triton(gate_up) if cuda else silu_mul_ref(gate_up)
+    return gemv_triton(act, weight, bias, config) if config is not None else F.linear(act, weight, bias)
 
 
 @small_m_silu_mul_linear.register_fake

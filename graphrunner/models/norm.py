@@ -48,6 +48,13 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 @triton.jit
+def normed_tile(x, inv, w):
+    """HF's RMSNorm on a loaded tile: x * (1 / rms) in float32, cast back to x's dtype, then times the weight (the
+    result in x's dtype). Shared by the kernels here and the GEMV's norm prologue."""
+    return (w.to(tl.float32) * (x.to(tl.float32) * inv).to(x.dtype).to(tl.float32)).to(x.dtype)
+
+
+@triton.jit
 def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, stride_x, stride_o, D, eps, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
@@ -56,8 +63,7 @@ def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, stride_x, stride_o, D, eps, BLOCK: t
     h = x.to(tl.float32)
     inv = tl.rsqrt(tl.sum(h * h, axis=0) / D + eps)
     w = tl.load(w_ptr + offs, mask=mask, other=0.0)
-    y = (w.to(tl.float32) * (h * inv).to(x.dtype).to(tl.float32)).to(out_ptr.dtype.element_ty)
-    tl.store(out_ptr + row * stride_o + offs, y, mask=mask)
+    tl.store(out_ptr + row * stride_o + offs, normed_tile(x, inv, w), mask=mask)
 
 
 def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -97,8 +103,7 @@ def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, stride_x, stri
     h = summed.to(tl.float32)
     inv = tl.rsqrt(tl.sum(h * h, axis=0) / D + eps)
     w = tl.load(w_ptr + offs, mask=mask, other=0.0)
-    y = (w.to(tl.float32) * (h * inv).to(x.dtype).to(tl.float32)).to(out_ptr.dtype.element_ty)
-    tl.store(out_ptr + row * stride_o + offs, y, mask=mask)
+    tl.store(out_ptr + row * stride_o + offs, normed_tile(summed, inv, w), mask=mask)
 
 
 def add_rms_norm_triton(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
