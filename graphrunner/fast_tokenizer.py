@@ -20,8 +20,10 @@ from typing import Any
 # rebuild normalizers, pre-tokenizers or vocabularies from their own code).
 GENERIC_CLASSES = ("PreTrainedTokenizerFast", "TokenizersBackend")
 _NAMED_SPECIAL = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token", "mask_token")
-# transformers patches the pre-tokenizer regex of some large (Mistral) vocabularies; those load the slow way
+# transformers may patch the pre-tokenizer regex of a vocabulary over 100k ids (Mistral's): such a vocabulary loads
+# here only when the directory is not a Mistral-family model and does not ask for the patch (`fix_mistral_regex`)
 _MAX_VOCAB = 100_000
+_MISTRAL_TYPES = ("mistral", "mistral3", "voxtral", "ministral", "pixtral")
 
 
 def _token_text(value: Any) -> str | None:
@@ -58,6 +60,21 @@ def fast_path_config(tokenizer_dir: Path) -> dict[str, Any] | None:
     return config
 
 
+def _regex_may_be_patched(tokenizer_dir: Path, config: dict[str, Any]) -> bool:
+    """Whether transformers could rewrite this large vocabulary's pre-tokenizer (its Mistral regex fix): the
+    directory asks for the fix, or its config.json names a Mistral-family model (or cannot be read)."""
+    if "fix_mistral_regex" in config:
+        return True
+    path = tokenizer_dir / "config.json"
+    if not path.is_file():
+        return False  # transformers looks for the model type in config.json only
+    try:
+        model_config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return True
+    return not isinstance(model_config, dict) or model_config.get("model_type") in _MISTRAL_TYPES
+
+
 class FastTokenizer:
     """encode/decode as transformers' PreTrainedTokenizerFast over the same tokenizer.json; every other attribute
     from the real transformers tokenizer (`hf_tokenizer`), loaded on first use."""
@@ -72,8 +89,8 @@ class FastTokenizer:
         self._hf: Any = None
         self._hf_lock = threading.Lock()
         backend = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
-        if backend.get_vocab_size(with_added_tokens=True) > _MAX_VOCAB:
-            raise NotFast("large vocabulary (transformers may patch its regex)")
+        if backend.get_vocab_size(with_added_tokens=True) > _MAX_VOCAB and _regex_may_be_patched(tokenizer_dir, config):
+            raise NotFast("large Mistral-family vocabulary (transformers may patch its regex)")
         if backend.truncation is not None or backend.padding is not None:
             raise NotFast("tokenizer.json sets truncation or padding")
         # What transformers adds at load: the config's added tokens, then named and extra special tokens

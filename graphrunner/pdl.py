@@ -1,6 +1,7 @@
 """Programmatic dependent launch (PDL, Hopper and later) for the decode step's own Triton kernels: a kernel
 launched with it may start while the kernel before it in the stream finishes, and waits (`pdl_wait`) before it
-touches anything that kernel wrote. GRAPHRUNNER_PDL=1 turns it on; off until measured on the H200.
+touches anything that kernel wrote. On by default on Hopper and later (measured on the H200: docs/DECISIONS.md);
+GRAPHRUNNER_PDL=0 turns it off.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import triton.language as tl
 from graphrunner.env import env_choice
 from graphrunner.kernel_checks import interpreted
 
-ENABLED = env_choice("GRAPHRUNNER_PDL", ("0", "1"), "0") == "1"
+ENABLED = env_choice("GRAPHRUNNER_PDL", ("0", "1"), "1") == "1"
 
 
 @functools.cache
@@ -23,7 +24,7 @@ def _capable(index: int) -> bool:
 
 
 def use_pdl(device: torch.device) -> bool:
-    """Whether kernels launched on `device` take PDL: switched on, and a CUDA device of compute capability 9 or
+    """Whether kernels launched on `device` take PDL: not switched off, and a CUDA device of compute capability 9 or
     more (the interpreter has no overlapping grids; there the kernels' PDL calls are no-ops, below)."""
     if not ENABLED or device.type != "cuda":
         return False

@@ -27,6 +27,8 @@ from graphrunner.step_plan import StepShape
 MAX_CAPTURE_BATCH_SIZE = 512
 MIXED_BATCH_SIZES = (1, 2, 4, 8)
 MIXED_TOKEN_BUCKETS = (64, 128, 256, 512)
+# Piecewise token buckets up to 256: the small-M GEMV's sizes (1-8) exactly, then steps of at most 2x
+PIECEWISE_SMALL_BUCKETS = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256)
 MAX_TOKEN_BUCKET = 2048  # larger steps are compute-bound: they run compiled, without graphs
 
 
@@ -140,10 +142,12 @@ class ModelState(ABC):
                 for t in MIXED_TOKEN_BUCKETS if p * self.uniform_query_len < t <= max_num_batched_tokens]
 
     def token_buckets(self, max_num_batched_tokens: int) -> list[int]:
-        """Token counts captured as piecewise graphs: the decode sizes up to 256, then powers of two,
-        ending at min(max_num_batched_tokens, MAX_TOKEN_BUCKET), which is always included."""
+        """Token counts captured as piecewise graphs: PIECEWISE_SMALL_BUCKETS, then powers of two, ending at
+        min(max_num_batched_tokens, MAX_TOKEN_BUCKET), which is always included. Up to 256 tokens a linear reads
+        its weights once whatever M is, so padding a step to a coarser bucket costs little, while every bucket
+        costs one capture per piece at start-up (docs/DECISIONS.md, S1)."""
         limit = min(max_num_batched_tokens, MAX_TOKEN_BUCKET)
-        sizes = [1, 2, 4, *range(8, 257, 8)]
+        sizes = list(PIECEWISE_SMALL_BUCKETS)
         p = 512
         while p <= limit:
             sizes.append(p)

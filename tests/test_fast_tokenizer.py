@@ -155,3 +155,32 @@ def test_broken_tokenizer_json_still_names_the_file(tmp_path: Path) -> None:
     (path / "tokenizer.json").write_text('{"version": "1.0", "model": ')
     with pytest.raises(ValueError, match="tokenizer.json"):
         load_tokenizer(path)
+
+
+def _save_large(path: Path, model_type: str, **config_updates: Any) -> Path:
+    """A byte-level vocabulary over 100k ids (Qwen's and Llama 3's are) beside a config.json naming `model_type`."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    from make_bench_model import synthetic_tokenizer
+
+    synthetic_tokenizer(100_300).save_pretrained(path)
+    (path / "config.json").write_text(json.dumps({"model_type": model_type, "transformers_version": "4.51.0"}))
+    cfg = json.loads((path / "tokenizer_config.json").read_text())
+    cfg.update(config_updates)
+    (path / "tokenizer_config.json").write_text(json.dumps(cfg))
+    return path
+
+
+def test_large_vocabulary_loads_fast_unless_mistral(tmp_path: Path) -> None:
+    """A large non-Mistral vocabulary takes the fast path and agrees with AutoTokenizer; a Mistral-family one, or one
+    asking for transformers' regex fix, loads through AutoTokenizer (which may rewrite its pre-tokenizer)."""
+    path = _save_large(tmp_path / "qwen", "qwen3")
+    fast, hf = load_tokenizer(path), _hf(path)
+    assert isinstance(fast, FastTokenizer)
+    for text in TEXTS:
+        ids = fast.encode(text)
+        assert ids == hf.encode(text), text
+        assert fast.decode(ids) == hf.decode(ids)
+    high = list(range(100_000, 100_300))
+    assert fast.decode(high) == hf.decode(high)
+    assert not isinstance(load_tokenizer(_save_large(tmp_path / "mistral", "mistral")), FastTokenizer)
+    assert not isinstance(load_tokenizer(_save_large(tmp_path / "fix", "qwen3", fix_mistral_regex=False)), FastTokenizer)

@@ -6,6 +6,7 @@ with it off, through FULL graphs and eager (graphs capture the programmatic edge
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -28,7 +29,8 @@ def _force_pdl(monkeypatch: pytest.MonkeyPatch, on: bool) -> None:
         monkeypatch.setattr(module, "use_pdl", lambda _device, on=on: on and (DEVICE == "cpu" or _PDL_CAPABLE))
 
 
-def test_switch_is_off_by_default_and_never_applies_off_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_switch_is_on_by_default_and_never_applies_off_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert pdl.ENABLED or os.environ.get("GRAPHRUNNER_PDL") == "0"
     assert not pdl.use_pdl(torch.device("cpu"))
     monkeypatch.setattr(pdl, "ENABLED", True)
     assert not pdl.use_pdl(torch.device("cpu"))

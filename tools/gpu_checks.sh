@@ -21,6 +21,7 @@
 #   bash tools/gpu_checks.sh pdl        # GRAPHRUNNER_PDL=1 and GRAPHRUNNER_ATTN_FOLD_MERGE=1: tests on CUDA, L1/L2 A/B
 #   bash tools/gpu_checks.sh act        # GRAPHRUNNER_GEMV_ACT=1: tests on CUDA, L1/L2 A/B; P1 A/B (gc.freeze, prologues)
 #   bash tools/gpu_checks.sh act-pdl    # GEMV_ACT + PDL (+ FUSED_ADD_NORM): GPU tests, L1/L2 A/B, T1 +- penalties
+#   bash tools/gpu_checks.sh quick      # after a change of defaults: GPU engine/capture/precompile tests, L1/L2, imports
 #   bash tools/gpu_checks.sh defaults   # the shipped defaults: L1/L2, kernel table, T1 +- penalties, GPU tests
 #   bash tools/gpu_checks.sh fused-tests # qkv_prep and GEMV kernels on CUDA, then the GPU engine, capture and EAGLE
 #                                        # tests with the fused attention prologue and the GEMV norm prologue on
@@ -38,7 +39,7 @@
 # limit so the last phase still ends (and is tarred) inside the device call:
 #   DEADLINE=560 bash tools/gpu_checks.sh tests-a tests-b
 set -u
-[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-cost | spec-table | gemv | l1-ab | l1-runs | pdl | act | act-pdl | defaults | fused-tests | p1 | p1-rows | bench2 | startup | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-cost | spec-table | gemv | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-rows | bench2 | startup | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
 OUT=${OUT:-/tmp/out}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 END=$(( $(date +%s) + ${DEADLINE:-100000} ))
@@ -249,9 +250,13 @@ act-pdl)
   # before turning GRAPHRUNNER_GEMV_ACT=1 GRAPHRUNNER_PDL=1 (and GRAPHRUNNER_FUSED_ADD_NORM=1) on by default: the GPU
   # tests with all three on, then L1/L2 off / act + PDL / all three, and T1 +- penalties with all three
   model
-  GRAPHRUNNER_GEMV_ACT=1 GRAPHRUNNER_PDL=1 GRAPHRUNNER_FUSED_ADD_NORM=1 T 260 python3 -m pytest -q -p no:cacheprovider \
+  # the kernel files whole (their unmarked tests run the compiled kernels on CUDA), then the GPU engine tests
+  T 150 python3 -m pytest -q -p no:cacheprovider --durations=5 tests/test_pdl.py tests/test_gemv_act.py \
+    tests/test_add_norm.py tests/test_gemv.py > "$R/pytest_kernels.log" 2>&1
+  echo "pytest rc=$?" >> "$R/pytest_kernels.log"
+  GRAPHRUNNER_GEMV_ACT=1 GRAPHRUNNER_PDL=1 GRAPHRUNNER_FUSED_ADD_NORM=1 T 240 python3 -m pytest -q -p no:cacheprovider \
     -m gpu --durations=5 tests/test_gpu_engine.py tests/test_gpu_capture.py tests/test_gpu_gemv_engine.py \
-    tests/test_pdl.py tests/test_gemv_act.py tests/test_add_norm.py > "$R/pytest_gpu.log" 2>&1
+    > "$R/pytest_gpu.log" 2>&1
   echo "pytest rc=$?" >> "$R/pytest_gpu.log"
   for run in off actpdl all; do
     case $run in actpdl) a=1 n=0 ;; all) a=1 n=1 ;; *) a=0 n=0 ;; esac
@@ -259,6 +264,16 @@ act-pdl)
   done
   GRAPHRUNNER_GEMV_ACT=1 GRAPHRUNNER_PDL=1 GRAPHRUNNER_FUSED_ADD_NORM=1 T 200 python3 tools/bench_throughput.py \
     --model /tmp/q06 --no-peer --penalties both --runs 2 --json "$R/t1_pen.json" > "$R/t1_pen.log" 2>&1
+  ;;
+quick)
+  # after a change of defaults: the GPU engine / capture / precompile tests, then L1/L2, and what imports cost
+  model
+  T 260 python3 -m pytest -q -p no:cacheprovider -m gpu --durations=5 tests/test_gpu_engine.py \
+    tests/test_gpu_capture.py tests/test_capture_precompile.py > "$R/pytest_gpu.log" 2>&1
+  echo "pytest rc=$?" >> "$R/pytest_gpu.log"
+  lat l1
+  T 60 python3 -X importtime -c "from graphrunner import LLM" 2> "$R/importtime.log"
+  python3 tools/import_table.py "$R/importtime.log" > "$R/import_table.txt" 2>&1
   ;;
 defaults)
   # the shipped defaults (GEMV table, fused attention prologue): L1/L2 and the kernel table, T1 with and without

@@ -37,8 +37,8 @@ ENABLED = env_choice("GRAPHRUNNER_GEMV", ("0", "1"), "1") == "1"
 # off until measured on the H200 (docs/DECISIONS.md)
 NORM_PROLOGUE = env_choice("GRAPHRUNNER_GEMV_NORM", ("0", "1"), "0") == "1"
 # GRAPHRUNNER_GEMV_ACT=1: the MLP's silu(gate) * up runs in the down projection's GEMV prologue
-# (models.linear.silu_mul_linear); off until measured on the H200 (docs/DECISIONS.md)
-ACT_PROLOGUE = env_choice("GRAPHRUNNER_GEMV_ACT", ("0", "1"), "0") == "1"
+# (models.linear.silu_mul_linear); on by default, measured on the H200 (docs/DECISIONS.md)
+ACT_PROLOGUE = env_choice("GRAPHRUNNER_GEMV_ACT", ("0", "1"), "1") == "1"
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,8 @@ from graphrunner.kernel_checks import check_tensor, interpreted
 from graphrunner.pdl import pdl_launch_dependents, pdl_wait, use_pdl
 
 # GRAPHRUNNER_FUSED_ADD_NORM=1: the decoder's residual adds and the norms after them run as graphrunner::add_rms_norm
-# (models.decoder); off until measured on the H200 (docs/DECISIONS.md)
-FUSED_ADD_NORM = env_choice("GRAPHRUNNER_FUSED_ADD_NORM", ("0", "1"), "0") == "1"
+# (models.decoder); on by default, measured on the H200 (docs/DECISIONS.md)
+FUSED_ADD_NORM = env_choice("GRAPHRUNNER_FUSED_ADD_NORM", ("0", "1"), "1") == "1"
 
 
 class RMSNorm(nn.Module):
