@@ -63,6 +63,8 @@ class PiecewiseBackend:
     pieces: list[str] = field(default_factory=list)           # compute pieces of the last graph compiled
     attention_pieces: list[str] = field(default_factory=list)
     graph_pieces: list[GraphPiece] = field(default_factory=list)  # of every graph compiled (one per Dynamo variant)
+    reuse: bool = True  # a piece equal to an earlier one (piece_key) takes its compiled code instead of compiling
+    compiled_pieces: int = 0  # distinct compiled callables in the last graph (tests and start-up logs read it)
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
         split, compute, attention = split_at_attention(gm)
@@ -76,7 +78,8 @@ class PiecewiseBackend:
                      else t for t in example_inputs]
         compiled: dict[str, Callable[..., Any]] = {}
         with fake_mode:
-            _PieceCompiler(split, set(compute), compile_piece, compiled).run(*fake_args)
+            _PieceCompiler(split, set(compute), compile_piece, compiled, self.reuse).run(*fake_args)
+        self.compiled_pieces = len(set(map(id, compiled.values())))
         for name in compute:
             piece = GraphPiece(compiled[name], name)
             self.graph_pieces.append(piece)
@@ -89,17 +92,59 @@ class _PieceCompiler(fx.Interpreter):
 
     def __init__(self, module: fx.GraphModule, compute: set[str],
                  compile_piece: Callable[[fx.GraphModule, list[Any]], Callable[..., Any]],
-                 out: dict[str, Callable[..., Any]]) -> None:
+                 out: dict[str, Callable[..., Any]], reuse: bool = True) -> None:
         super().__init__(module)
         self.compute = compute
         self.compile_piece = compile_piece
         self.out = out
+        self.reuse = reuse
+        self.by_key: dict[str, Callable[..., Any]] = {}
 
     def call_module(self, target: Any, args: Any, kwargs: dict[str, Any]) -> Any:
         result = super().call_module(target, args, kwargs)
         if target in self.compute:
-            self.out[target] = self.compile_piece(self.fetch_attr(target), list(args))
+            piece = self.fetch_attr(target)
+            key = piece_key(piece, list(args)) if self.reuse else None
+            if key is None or key not in self.by_key:
+                compiled = self.compile_piece(piece, list(args))
+                if key is not None:
+                    self.by_key[key] = compiled
+            self.out[target] = self.by_key[key] if key is not None else compiled
         return result
+
+
+def piece_key(piece: fx.GraphModule, example_inputs: list[Any]) -> str | None:
+    """What a piece computes, independent of its node and input names: its nodes in order (op, target, arguments
+    as node indices and constants) and its inputs' metadata (shape, stride, dtype, device, symbolic sizes as
+    written). Equal keys compile to interchangeable code: the decoder's middle layers are one piece 26 times over,
+    with only their weights' names changed. None (compile it alone) for a piece that reads module attributes
+    (get_attr, call_module), whose values the key cannot see."""
+    index: dict[fx.Node, int] = {}
+    parts: list[str] = []
+
+    def arg(a: Any) -> str:
+        if isinstance(a, fx.Node):
+            return f"%{index[a]}"
+        if isinstance(a, (tuple, list)):
+            inner = ",".join(arg(x) for x in a)
+            return f"{type(a).__name__}({inner})"
+        if isinstance(a, dict):
+            return "{" + ",".join(f"{k!r}:{arg(v)}" for k, v in a.items()) + "}"
+        return f"{type(a).__name__}:{a!r}"
+
+    for i, node in enumerate(piece.graph.nodes):
+        if node.op in ("get_attr", "call_module"):
+            return None
+        index[node] = i
+        target = node.target if isinstance(node.target, str) else f"{node.target!r}@{id(node.target)}"
+        parts.append(f"{node.op} {target if node.op != 'placeholder' else ''} {arg(node.args)} {arg(node.kwargs)}")
+    for x in example_inputs:
+        if isinstance(x, torch.Tensor):
+            parts.append(f"T{tuple(map(str, x.shape))}{tuple(map(str, x.stride()))}{x.dtype}{x.device}"
+                         f"{x.requires_grad}{type(x).__name__}")
+        else:
+            parts.append(arg(x))
+    return "\n".join(parts)
 
 
 def _inductor_piece(piece: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:

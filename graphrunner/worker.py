@@ -165,7 +165,8 @@ def build_runner(config: EngineConfig, model_state: ModelState | None = None) ->
         peak = reserved = 0
         if config.device.type == "cuda" and config.cache.num_blocks is None:
             peak = _profile_peak_bytes(runner, config)  # (compiles the model at the largest step first)
-            progress(f"profiled (compiled) the largest step: peak {peak / 2**30:.2f} GiB")
+            pieces = f", {backend.compiled_pieces} distinct pieces compiled" if backend is not None else ""
+            progress(f"profiled (compiled) the largest step: peak {peak / 2**30:.2f} GiB{pieces}")
         if manager is not None:
             manager.capture(runner.capture_bodies(), largest_only=True)
             reserved = int(manager.pool_bytes * GRAPH_POOL_MARGIN)

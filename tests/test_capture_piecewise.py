@@ -11,7 +11,7 @@ from tiny_models import make_tiny_model, model_state_for
 from torch._dynamo.utils import counters
 
 from capture.compiled import compile_model
-from capture.piecewise import PiecewiseBackend
+from capture.piecewise import PiecewiseBackend, piece_key
 from graphrunner.attention import forward_context
 from graphrunner.attention.testing import contiguous_batch
 from graphrunner.config import ModelConfig
@@ -38,7 +38,7 @@ def test_piecewise_split_and_compiled_pieces_match_eager(tmp_path: Path) -> None
     assert len(backend.attention_pieces) == cfg.num_layers
     assert len(backend.pieces) == cfg.num_layers + 1  # before the first, between each pair, after the last
     inductor = counters["inductor"]
-    assert inductor["fxgraph_cache_miss"] + inductor["fxgraph_cache_hit"] >= len(backend.pieces), dict(inductor)
+    assert inductor["fxgraph_cache_miss"] + inductor["fxgraph_cache_hit"] >= backend.compiled_pieces, dict(inductor)
     assert counters["stats"]["unique_graphs"] == 1, "one symbolic graph serves every step shape"
 
 
@@ -98,3 +98,65 @@ def test_step_buffer_views_trace_one_variant_without_lifted_floats(tmp_path: Pat
     assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
     scalars = [a for inputs in inputs_seen for a in inputs if isinstance(a, torch.Tensor) and a.dim() == 0]
     assert not scalars, f"{len(scalars)} 0-d inputs reached the pieces: float attributes were lifted"
+
+
+def test_equal_pieces_compile_once_and_still_match_eager(tmp_path: Path) -> None:
+    """A 5-layer model has 6 compute pieces: the first, four equal middle ones (one layer's tail and the next
+    one's head, differing only in their weights' names) and the last. Each distinct piece compiles once; the
+    shared compiled code gives the eager model's outputs, and with reuse off every piece compiles."""
+    model_dir = make_tiny_model(tmp_path, "LlamaForCausalLM", num_hidden_layers=5)
+    cfg = ModelConfig.from_dir(model_dir)
+    model = load_model(model_dir, model_state_for(model_dir), torch.float32, torch.device("cpu"))
+    for reuse, want_compiles in ((True, 3), (False, 6)):
+        calls: list[torch.fx.GraphModule] = []
+
+        def inductor(piece: torch.fx.GraphModule, example_inputs: list, calls: list = calls) -> object:
+            from torch._inductor.compile_fx import compile_fx
+
+            calls.append(piece)
+            return compile_fx(piece, example_inputs)
+
+        torch._dynamo.reset()
+        backend = PiecewiseBackend(compile_piece=inductor, reuse=reuse)
+        compiled = compile_model(model, backend)
+        for lens in ([5, 3], [1], [2, 1, 4]):
+            torch.testing.assert_close(_run(compiled, cfg, lens), _run(model, cfg, lens), atol=1e-5, rtol=1e-5)
+        assert len(backend.pieces) == cfg.num_layers + 1 == 6
+        assert len(calls) == backend.compiled_pieces == want_compiles, (reuse, len(calls))
+    torch._dynamo.reset()
+
+
+def test_piece_key_sees_structure_constants_and_inputs_not_names() -> None:
+    def traced(fn: object, *names: str) -> torch.fx.GraphModule:
+        gm = torch.fx.symbolic_trace(fn)
+        for node, name in zip([n for n in gm.graph.nodes if n.op == "placeholder"], names, strict=False):
+            node.name = name  # (what differs between two layers' pieces: their inputs' names)
+        gm.recompile()
+        return gm
+
+    def f(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.linear(x, w) * 0.5
+
+    def g(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.linear(x, w) * 0.25  # another constant
+
+    def h(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.linear(w, x) * 0.5  # the same ops, arguments swapped
+
+    class WithAttr(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.scale = torch.nn.Parameter(torch.ones(3))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x * self.scale
+
+    x, w = torch.zeros(2, 3), torch.zeros(4, 3)
+    key = piece_key(traced(f, "a", "layer_0_w"), [x, w])
+    assert key is not None and key == piece_key(traced(f, "b", "layer_7_w"), [x, w])
+    assert key != piece_key(traced(g), [x, w])
+    assert key != piece_key(traced(h), [x, w])
+    assert key != piece_key(traced(f), [torch.zeros(2, 3, dtype=torch.float64), w])  # input dtype
+    assert key != piece_key(traced(f), [x, torch.zeros(5, 3)])  # input shape
+    assert key != piece_key(traced(f), [x, torch.zeros(3, 4).t()])  # input strides
+    assert piece_key(torch.fx.symbolic_trace(WithAttr()), [x]) is None  # reads a module attribute: never shared

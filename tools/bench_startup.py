@@ -29,7 +29,14 @@ print(f"STAGE imported {time.time() - t0:.3f}", flush=True)
 kw = {"enforce_eager": True} if sys.argv[3] == "eager" else {}
 if sys.argv[3] not in ("eager", "-"):
     kw["compile_cache"] = sys.argv[3]
-llm = LLM(model=None if sys.argv[2] == "-" else sys.argv[2], **kw)
+if len(sys.argv) > 4:  # --profile-dir: the engine build under cProfile, its top functions by cumulative time
+    import cProfile, pstats
+    prof = cProfile.Profile()
+    llm = prof.runcall(LLM, model=None if sys.argv[2] == "-" else sys.argv[2], **kw)
+    with open(sys.argv[4], "w") as f:
+        pstats.Stats(prof, stream=f).sort_stats("cumulative").print_stats(80)
+else:
+    llm = LLM(model=None if sys.argv[2] == "-" else sys.argv[2], **kw)
 print(f"STAGE engine built {time.time() - t0:.3f}", flush=True)
 llm.generate([[1, 2, 3, 4]], SamplingParams(temperature=0, max_tokens=1, ignore_eos=True))
 print(f"FIRST_TOKEN {time.time() - t0:.3f}")
@@ -52,12 +59,12 @@ def _since(asctime: str, t0: float) -> str:
         return "?"
 
 
-def _first_token(model: str, cache: str, env: dict[str, str]) -> float:
+def _first_token(model: str, cache: str, env: dict[str, str], profile: Path | None = None) -> float:
     """Seconds from spawning a Python process to its first generated token (cache: "eager", "-" for the
-    default engine, or a precompiled directory)."""
+    default engine, or a precompiled directory); with `profile`, the engine build's cProfile table goes there."""
     t0 = time.time()
-    proc = subprocess.run([sys.executable, "-c", FIRST_TOKEN, str(t0), model, cache], capture_output=True,
-                          text=True, check=False, env=env)
+    proc = subprocess.run([sys.executable, "-c", FIRST_TOKEN, str(t0), model, cache, *([str(profile)] * bool(profile))],
+                          capture_output=True, text=True, check=False, env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"run failed: {proc.stderr[-2000:]}")
     # where the seconds went: the child's stage marks and, with GRAPHRUNNER_LOG_LEVEL=INFO, the engine's start-up
@@ -92,6 +99,8 @@ def main() -> None:
     ap.add_argument("--json", default="bench_startup.json")
     ap.add_argument("--steps", default=",".join(STEPS),
                     help="which measurements, in this order (warm needs precompile before it)")
+    ap.add_argument("--profile-dir", type=Path, default=None,
+                    help="also run the warm start under cProfile (slower) and write its table to DIR/warm_profile.txt")
     args = ap.parse_args()
     order = args.steps.split(",")
     unknown = set(order) - set(STEPS)
@@ -107,6 +116,12 @@ def main() -> None:
                  "precompile": ("precompile_s", lambda: _precompile(args.model, cache, _empty_caches(root / "pre"))),
                  "warm": ("warm_first_token_s",
                           lambda: _first_token(args.model, str(cache), _empty_caches(root / "warm")))}
+        if args.profile_dir is not None:
+            args.profile_dir.mkdir(parents=True, exist_ok=True)
+            steps["warm-profiled"] = ("warm_profiled_first_token_s", lambda: _first_token(
+                args.model, str(cache), _empty_caches(root / "warm-p"), args.profile_dir / "warm_profile.txt"))
+            if "warm" in order:
+                order.insert(order.index("warm") + 1, "warm-profiled")
         rows = {}
         for step in order:
             name, measure = steps[step]
@@ -114,7 +129,7 @@ def main() -> None:
             print(f"  {name:<22} {rows[name]:8.2f} s", flush=True)
     env = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "python": sys.version.split()[0]}
     with open(args.json, "w") as f:
-        json.dump({"script": "bench_startup", "env": env, "args": vars(args), "rows": rows}, f, indent=1)
+        json.dump({"script": "bench_startup", "env": env, "args": vars(args), "rows": rows}, f, indent=1, default=str)
     print(f"wrote {args.json}")
 
 

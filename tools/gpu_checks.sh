@@ -330,7 +330,9 @@ startup)
   model
   # S1: cold (empty caches), precompile, warm start from it, eager
   # GRAPHRUNNER_LOG_LEVEL=INFO: each start-up stage with its seconds (load, compile, captures, KV) in s1.log
-  GRAPHRUNNER_LOG_LEVEL=INFO T 560 python3 tools/bench_startup.py --model /tmp/q06 --steps precompile,warm,cold,eager \
+  # STARTUP_STEPS picks the measurements; STARTUP_PROFILE=1 adds a warm start under cProfile ($R/prof/warm_profile.txt)
+  GRAPHRUNNER_LOG_LEVEL=INFO T 560 python3 tools/bench_startup.py --model /tmp/q06 \
+    --steps "${STARTUP_STEPS:-precompile,warm,cold,eager}" ${STARTUP_PROFILE:+--profile-dir "$R/prof"} \
     --json "$R/s1.json" > "$R/s1.log" 2>&1
   ;;
 serve)
