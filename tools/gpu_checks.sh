@@ -330,6 +330,10 @@ startup)
   model
   # S1: cold (empty caches), precompile, warm start from it, eager
   # GRAPHRUNNER_LOG_LEVEL=INFO: each start-up stage with its seconds (load, compile, captures, KV) in s1.log
+  # The device's Python packages carry no bytecode caches and cannot take new ones (the fourteenth session's warm
+  # start compiled 678 modules from source, 1.9 s under cProfile, of 7.7 s of imports), where a pip install writes them: a
+  # writable cache prefix measures what an installed engine sees (set STARTUP_PYC=0 to measure without it)
+  [ "${STARTUP_PYC:-1}" = 1 ] && export PYTHONPYCACHEPREFIX=/tmp/pyc && python3 -c "from graphrunner import LLM" 2>/dev/null
   # STARTUP_STEPS picks the measurements; STARTUP_PROFILE=1 adds a warm start under cProfile ($R/prof/warm_profile.txt)
   GRAPHRUNNER_LOG_LEVEL=INFO T 560 python3 tools/bench_startup.py --model /tmp/q06 \
     --steps "${STARTUP_STEPS:-precompile,warm,cold,eager}" ${STARTUP_PROFILE:+--profile-dir "$R/prof"} \
