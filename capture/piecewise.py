@@ -118,13 +118,18 @@ def piece_key(piece: fx.GraphModule, example_inputs: list[Any]) -> str | None:
     as node indices and constants) and its inputs' metadata (shape, stride, dtype, device, symbolic sizes as
     written). Equal keys compile to interchangeable code: the decoder's middle layers are one piece 26 times over,
     with only their weights' names changed. None (compile it alone) for a piece that reads module attributes
-    (get_attr, call_module), whose values the key cannot see."""
+    (get_attr, call_module) or holds a tensor constant, whose values the key cannot see."""
     index: dict[fx.Node, int] = {}
     parts: list[str] = []
+
+    class _Unkeyable(Exception):
+        pass
 
     def arg(a: Any) -> str:
         if isinstance(a, fx.Node):
             return f"%{index[a]}"
+        if isinstance(a, torch.Tensor):  # a tensor constant: its repr does not show all its values
+            raise _Unkeyable
         if isinstance(a, (tuple, list)):
             inner = ",".join(arg(x) for x in a)
             return f"{type(a).__name__}({inner})"
@@ -137,7 +142,10 @@ def piece_key(piece: fx.GraphModule, example_inputs: list[Any]) -> str | None:
             return None
         index[node] = i
         target = node.target if isinstance(node.target, str) else f"{node.target!r}@{id(node.target)}"
-        parts.append(f"{node.op} {target if node.op != 'placeholder' else ''} {arg(node.args)} {arg(node.kwargs)}")
+        try:
+            parts.append(f"{node.op} {target if node.op != 'placeholder' else ''} {arg(node.args)} {arg(node.kwargs)}")
+        except _Unkeyable:
+            return None
     for x in example_inputs:
         if isinstance(x, torch.Tensor):
             parts.append(f"T{tuple(map(str, x.shape))}{tuple(map(str, x.stride()))}{x.dtype}{x.device}"

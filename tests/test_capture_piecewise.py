@@ -4,6 +4,7 @@ compile with Inductor (C++ on CPU), and outputs equal the eager model across ste
 
 from __future__ import annotations
 
+import operator
 from pathlib import Path
 
 import torch
@@ -160,3 +161,7 @@ def test_piece_key_sees_structure_constants_and_inputs_not_names() -> None:
     assert key != piece_key(traced(f), [x, torch.zeros(5, 3)])  # input shape
     assert key != piece_key(traced(f), [x, torch.zeros(3, 4).t()])  # input strides
     assert piece_key(torch.fx.symbolic_trace(WithAttr()), [x]) is None  # reads a module attribute: never shared
+    const = torch.fx.symbolic_trace(f)
+    mul = next(n for n in const.graph.nodes if n.target is operator.mul)
+    mul.args = (mul.args[0], torch.ones(3))  # a tensor literal in the arguments: never shared either
+    assert piece_key(const, [x, w]) is None
