@@ -31,6 +31,7 @@ import torch
 
 from graphrunner import LLM, SamplingParams
 from graphrunner.async_output import AsyncStepOutput
+from graphrunner.pdl import use_pdl
 from graphrunner.sampling import gumbel_split
 from graphrunner.sampling.sampler import run_sampler
 from graphrunner.state_kernels import post_update
@@ -170,7 +171,8 @@ def main() -> None:
     per = args.batch if spec is None else 1
     table = kernel_profile(llm, args.profile_steps, per, args.trace) if args.profile_steps else None
     parts = device_parts(llm, args.iters) if spec is None else {}
-    switches = {"GRAPHRUNNER_SPLIT_SAMPLE": int(gumbel_split.SPLIT_SAMPLE_ENABLED)}
+    pdl_on = use_pdl(llm.engine.config.device)
+    switches = {"GRAPHRUNNER_SPLIT_SAMPLE": int(gumbel_split.SPLIT_SAMPLE_ENABLED), "GRAPHRUNNER_PDL": int(pdl_on)}
     print(f"switches: {switches}")
     result = {"host_ms_median": statistics.median(host), "device_ms": parts, "kernels": table, "args": vars(args),
               "switches": switches, "env": bench_common.env_info()}
@@ -183,6 +185,10 @@ def main() -> None:
     if table is not None:
         print(f"Kernel table: {args.profile_steps} {what} at batch {args.batch} on {device} ({mode}):")
         print(kernel_table.format_table(table))
+        if pdl_on:  # docs/BENCHMARKS.md, fourteenth session
+            print("  (PDL is on: a kernel starts before its predecessor ends and waits inside it, so these times overlap "
+                  "and their sum overstates the device time; GRAPHRUNNER_PDL=0 gives exclusive times, the FULL replay "
+                  "below the real step)")
     print(f"Step breakdown at batch {args.batch} on {device} ({mode}):")
     print(f"  host (schedule, stage, launch, read previous)  {result['host_ms_median']:8.3f} ms")
     for name, ms in parts.items():
