@@ -68,12 +68,17 @@ def _apply_ragged_writes_kernel(
     values_ptr,  # [total]
     BLOCK: tl.constexpr,
 ):
-    pid = tl.program_id(0)
+    ragged_write_one(dst_ptr, dst_stride, rows_ptr, starts_ptr, cu_lens_ptr, values_ptr, tl.program_id(0), BLOCK)
+
+
+@triton.jit
+def ragged_write_one(dst_ptr, dst_stride, rows_ptr, starts_ptr, cu_lens_ptr, values_ptr, w, BLOCK: tl.constexpr):
+    """Write number w of a ragged set: dst[rows[w], starts[w]:] = values[cu_lens[w] : cu_lens[w + 1]]."""
     offs = tl.arange(0, BLOCK)
-    row = tl.load(rows_ptr + pid).to(tl.int64)
-    start = tl.load(starts_ptr + pid).to(tl.int64)
-    lo = tl.load(cu_lens_ptr + pid)
-    length = tl.load(cu_lens_ptr + pid + 1) - lo
+    row = tl.load(rows_ptr + w).to(tl.int64)
+    start = tl.load(starts_ptr + w).to(tl.int64)
+    lo = tl.load(cu_lens_ptr + w)
+    length = tl.load(cu_lens_ptr + w + 1) - lo
     src = values_ptr + lo.to(tl.int64)
     out = dst_ptr + row * dst_stride + start
     for i in range(0, length, BLOCK):

@@ -16,7 +16,7 @@ from graphrunner.host_tensors import to_device
 from graphrunner.kernel_checks import int32_aligned
 from graphrunner.penalty_counts import PenaltyCounts, fill_counts
 from graphrunner.sampling_params import SamplingParams
-from graphrunner.state_kernels import apply_ragged_writes
+from graphrunner.state_staging import ROW_WIDTH, RaggedSection, RowFieldTables, apply_staged, pack_new_row
 
 # Per-row float sampling parameters, in the order they are packed for the H2D copy.
 _FLOAT_FIELDS = ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
@@ -77,23 +77,19 @@ class StateTable:
                                                  self.frequency_penalty) if vocab_size is not None else None)
         self._tokens = _RaggedStage()
         self._blocks = _RaggedStage()
-        self._rows: list[int] = []
-        self._ints: list[list[int]] = [[], [], [], [], []]  # num_tokens, num_computed, prompt_len, top_k, num_drafts
-        self._floats: list[list[float]] = [[] for _ in _FLOAT_FIELDS]
-        self._seeds: list[int] = []
+        self._new_rows: list[int] = []  # ROW_WIDTH int32 words per (re)initialised row (state_staging.pack_new_row)
         self._penalty_rows: list[int] = []  # new rows whose statistics are rebuilt from their history
+        self._field_tables = RowFieldTables(
+            (self.num_tokens, self.num_computed, self.prompt_len, self.top_k, self.num_drafts), self.floats,
+            self.seeds)
 
     def stage_new_row(self, row: int, token_ids: list[int], prompt_len: int, num_computed: int,
                       params: SamplingParams, seed: int) -> None:
         """(Re)initialise a row: its known tokens, computed count and sampling parameters."""
         self._tokens.add(row, 0, token_ids)
-        self._rows.append(row)
         top_k = min(max(0, params.top_k), _INT32_MAX)  # 0 = off; >= the vocabulary is off too (no int32 overflow)
-        for dst, value in zip(self._ints, (len(token_ids), num_computed, prompt_len, top_k, 0)):
-            dst.append(value)
-        for dst, name in zip(self._floats, _FLOAT_FIELDS):
-            dst.append(float(getattr(params, name)))
-        self._seeds.append(seed)
+        self._new_rows.extend(pack_new_row(row, (len(token_ids), num_computed, prompt_len, top_k, 0),
+                                           tuple(float(getattr(params, name)) for name in _FLOAT_FIELDS), seed))
         if params.repetition_penalty != 1.0 or params.presence_penalty or params.frequency_penalty:
             if self.penalties is None:
                 raise ValueError("repetition / presence / frequency penalties need the state table's penalty "
@@ -105,20 +101,20 @@ class StateTable:
 
     def apply_staged(self) -> None:
         """Apply every staged diff on the device, in stream order; clears the stage."""
-        n_tok, n_blk, n_new = len(self._tokens.rows), len(self._blocks.rows), len(self._rows)
+        n_tok, n_blk, n_new = len(self._tokens.rows), len(self._blocks.rows), len(self._new_rows) // ROW_WIDTH
         if n_tok + n_blk + n_new == 0:
             return
         n_pen = len(self._penalty_rows)
         sections = [self._tokens.rows, self._tokens.starts, self._tokens.cu_lens, self._tokens.values,
-                    self._blocks.rows, self._blocks.starts, self._blocks.cu_lens, self._blocks.values, self._rows,
-                    *self._ints, self._penalty_rows]
+                    self._blocks.rows, self._blocks.starts, self._blocks.cu_lens, self._blocks.values,
+                    self._new_rows, self._penalty_rows]
         # each section starts on a 16-byte boundary: Triton specialises kernels on pointer alignment, and views at
         # offsets that followed the data would compile new kernel variants while serving
         packed = array("i")
         for sec in sections:
             packed.extend(sec)
             packed.extend(_ZEROS[:int32_aligned(len(sec)) - len(sec)])
-        dev = to_device(packed, torch.int32, self.device)  # one H2D copy for all int32 diffs
+        dev = to_device(packed, torch.int32, self.device)  # one H2D copy for all staged writes
         off = 0
 
         def take(n: int) -> torch.Tensor:
@@ -126,19 +122,12 @@ class StateTable:
             start, off = off, off + int32_aligned(n)
             return dev[start:start + n]
 
+        ragged = []
         for stage, dst in ((self._tokens, self.token_ids), (self._blocks, self.block_table)):
             n = len(stage.rows)
-            rows, starts, cu = take(n), take(n), take(n + 1)
-            values = take(len(stage.values))
-            if n:
-                apply_ragged_writes(dst, rows, starts, cu, values, self.use_triton)
-        if n_new:
-            rows = take(n_new).long()
-            for dst in (self.num_tokens, self.num_computed, self.prompt_len, self.top_k, self.num_drafts):
-                dst.index_copy_(0, rows, take(n_new))
-            floats = to_device([v for col in self._floats for v in col], torch.float32, self.device)
-            self.floats.index_copy_(1, rows, floats.view(len(_FLOAT_FIELDS), n_new))
-            self.seeds.index_copy_(0, rows, to_device(self._seeds, torch.int64, self.device))
+            ragged.append(RaggedSection(dst, take(n), take(n), take(n + 1), take(len(stage.values))))
+        new_rows = take(n_new * ROW_WIDTH).view(n_new, ROW_WIDTH)
+        apply_staged(ragged[0], ragged[1], new_rows, self._field_tables, self.use_triton)
         if n_pen and self.penalties is not None:  # after the history, prompt_len and num_tokens are written
             fill_counts(take(n_pen), self.token_ids, self.prompt_len, self.num_tokens, self.penalties, self.use_triton)
         self.discard_staged()
@@ -146,6 +135,4 @@ class StateTable:
     def discard_staged(self) -> None:
         """Forget staged diffs (after they are applied, or when the step that staged them failed)."""
         self._tokens, self._blocks = _RaggedStage(), _RaggedStage()
-        self._rows, self._seeds, self._penalty_rows = [], [], []
-        self._ints = [[], [], [], [], []]
-        self._floats = [[] for _ in _FLOAT_FIELDS]
+        self._new_rows, self._penalty_rows = [], []

@@ -42,13 +42,16 @@ def test_fill_padding_rows_matches_rows(padded: int) -> None:
 
 def test_apply_staged_hands_aligned_views_and_writes_what_was_staged(monkeypatch: pytest.MonkeyPatch) -> None:
     pointers: list[int] = []
-    real = state_table_mod.apply_ragged_writes
+    real = state_table_mod.apply_staged
 
-    def recording(dst, rows, starts, cu, values, use_triton):  # type: ignore[no-untyped-def]
-        pointers.extend(t.data_ptr() for t in (rows, starts, cu, values))
-        return real(dst, rows, starts, cu, values, use_triton)
+    def recording(tokens, blocks, new_rows, dst, use_triton):  # type: ignore[no-untyped-def]
+        for sec in (tokens, blocks):
+            if sec.rows.numel():
+                pointers.extend(t.data_ptr() for t in (sec.rows, sec.starts, sec.cu_lens, sec.values))
+        pointers.append(new_rows.data_ptr())
+        return real(tokens, blocks, new_rows, dst, use_triton)
 
-    monkeypatch.setattr(state_table_mod, "apply_ragged_writes", recording)
+    monkeypatch.setattr(state_table_mod, "apply_staged", recording)
     rng = random.Random(0)
     table = StateTable(max_reqs=9, max_model_len=40, max_blocks_per_req=6, device=torch.device("cpu"),
                        use_triton=False)

@@ -21,7 +21,7 @@ from bench_kernels import time_us
 from graphrunner.attention import triton_attention
 from graphrunner.attention.metadata import AttentionMetadata
 from graphrunner.attention.reference import paged_attention_ref
-from graphrunner.attention.triton_attention import choose_num_splits, unified_attention
+from graphrunner.attention.triton_attention import choose_num_splits, query_tiles, unified_attention
 from graphrunner.config import CacheConfig
 
 L2_BYTES = 256 << 20  # rotate layer caches over at least this much touched KV (H200 L2: 50 MB)
@@ -29,37 +29,41 @@ MAX_COPIES = 1024     # cap on rotated caches (b=1, ctx=128 touches 512 KB: 512 
 
 
 def _batch(b: int, ctx: int, hq: int, hkv: int, dim: int, block_size: int, dtype: torch.dtype,
-           device: torch.device, copies: int, seed: int) -> tuple[AttentionMetadata, torch.Tensor, torch.Tensor]:
-    """Decode step of b requests at context ctx: metadata, `copies` layer caches [copies, 2, NB, bs, Hkv, D] and q."""
+           device: torch.device, copies: int, seed: int,
+           q_len: int = 1) -> tuple[AttentionMetadata, torch.Tensor, torch.Tensor]:
+    """A step of b requests of q_len new tokens each (1: decode) ending at context ctx: metadata, `copies` layer
+    caches [copies, 2, NB, bs, Hkv, D] and q [b * q_len, Hq, D]."""
     g = torch.Generator().manual_seed(seed)
     per_req = -(-ctx // block_size)
     num_blocks = b * per_req + 1 + b  # block 0 is the null block; a little slack, as in a real pool
     blocks = (torch.randperm(num_blocks - 1, generator=g)[:b * per_req] + 1).view(b, per_req)  # distinct, scattered
     caches = torch.randn(copies, 2, num_blocks, block_size, hkv, dim, device=device, dtype=dtype)
-    query = torch.randn(b, hq, dim, generator=g).to(device=device, dtype=dtype)
+    query = torch.randn(b * q_len, hq, dim, generator=g).to(device=device, dtype=dtype)
     meta = AttentionMetadata(
-        num_reqs=b, num_tokens=b, max_query_len=1, max_seq_len=ctx, block_size=block_size,
-        query_start_loc=torch.arange(b + 1, dtype=torch.int32, device=device),
+        num_reqs=b, num_tokens=b * q_len, max_query_len=q_len, max_seq_len=ctx, block_size=block_size,
+        query_start_loc=torch.arange(b + 1, dtype=torch.int32, device=device) * q_len,
         seq_lens=torch.full((b,), ctx, dtype=torch.int32, device=device),
         block_table=blocks.to(device=device, dtype=torch.int32),
-        slot_mapping=torch.full((b,), -1, dtype=torch.int64, device=device),  # unused: nothing is written
-        query_lens_cpu=[1] * b, seq_lens_cpu=[ctx] * b)
+        slot_mapping=torch.full((b * q_len,), -1, dtype=torch.int64, device=device),  # unused: nothing is written
+        query_lens_cpu=[q_len] * b, seq_lens_cpu=[ctx] * b)
     return meta, caches, query
 
 
 def bench(batch_sizes: list[int], contexts: list[int], splits: list[int], hq: int, hkv: int, dim: int,
           block_size: int, dtype: torch.dtype, device: torch.device, reps: int, per_graph: int,
-          max_model_len: int) -> tuple[list[dict], list[dict]]:
+          max_model_len: int, q_len: int = 1) -> tuple[list[dict], list[dict]]:
     rows, summary = [], []
     scale = dim ** -0.5
     for b in batch_sizes:
         for ctx in contexts:
             kv_bytes = b * ctx * hkv * dim * 2 * dtype.itemsize  # K and V actually read per call
             copies = min(MAX_COPIES, max(1, -(-L2_BYTES // kv_bytes))) if device.type == "cuda" else 1
-            meta, caches, query = _batch(b, ctx, hq, hkv, dim, block_size, dtype, device, copies, seed=b * 7919 + ctx)
-            current = choose_num_splits(b, hkv, ctx)  # a decode is one query tile per request
+            meta, caches, query = _batch(b, ctx, hq, hkv, dim, block_size, dtype, device, copies, seed=b * 7919 + ctx,
+                                         q_len=q_len)
+            tiles = b * query_tiles(q_len, hq // hkv)  # what the metadata builder counts (1 per decode)
+            current = choose_num_splits(tiles, hkv, ctx)
             # FULL CUDA graphs (capture/manager.py) run the split count of max_model_len once current > 1.
-            full_graph = choose_num_splits(b, hkv, max_model_len) if current > 1 else 1
+            full_graph = choose_num_splits(tiles, hkv, max_model_len) if current > 1 else 1
             todo = sorted({s for s in (*splits, current, full_graph) if 1 <= s <= triton_attention.MAX_SPLITS})
             outs = {s: torch.empty_like(query) for s in todo}
             ref = paged_attention_ref(query.float(), caches[0].float(), meta, scale)
@@ -102,11 +106,21 @@ def main() -> None:
                     help="for the FULL-graph split count (Qwen3-0.6B config: 40960)")
     ap.add_argument("--reps", type=int, default=20, help="graph replays per timing (median)")
     ap.add_argument("--per-graph", type=int, default=64, help="calls per graph (at least one per cache copy)")
+    ap.add_argument("--query-len", type=int, default=1,
+                    help="new tokens per request (1: decode; e.g. 64 over --contexts 4160: a prefix-cache hit)")
+    ap.add_argument("--split-rows", type=int, default=0, choices=(0, 64, 128),
+                    help="tile rows of a split prefill launch (0: the engine's GRAPHRUNNER_ATTN_SPLIT_ROWS)")
+    ap.add_argument("--max-splits", type=int, default=0,
+                    help="raise the kernel's split cap for this run (0: the engine's GRAPHRUNNER_ATTN_MAX_SPLITS)")
     ap.add_argument("--quick", action="store_true", help="tiny sizes (a CPU smoke run of the script)")
     ap.add_argument("--json", default="bench_attention_splits.json")
     args = ap.parse_args()
     device = bench_common.resolve_device(args.device)
     batch_sizes, contexts = bench_common.parse_int_list(args.batch_sizes), bench_common.parse_int_list(args.contexts)
+    if args.split_rows:
+        triton_attention.SPLIT_PREFILL_ROWS = args.split_rows
+    if args.max_splits:
+        triton_attention.MAX_SPLITS = args.max_splits
     splits = [s for s in bench_common.parse_int_list(args.splits) if 1 <= s <= triton_attention.MAX_SPLITS]
     hq, hkv, dim, per_graph = 16, 8, 128, args.per_graph  # Qwen3-0.6B attention
     # The interpreter multiplies bf16 tl.dot operands as raw bits (see tests/test_attention_triton.py): fp16 on CPU.
@@ -116,10 +130,11 @@ def main() -> None:
     block_size = CacheConfig.block_size  # the engine's default (16)
     constants = {"SPLIT_MIN_SEQ_LEN": triton_attention.SPLIT_MIN_SEQ_LEN,
                  "SPLIT_MIN_KEYS": triton_attention.SPLIT_MIN_KEYS, "MAX_SPLITS": triton_attention.MAX_SPLITS,
-                 "_TARGET_PROGRAMS": triton_attention._TARGET_PROGRAMS}
+                 "_TARGET_PROGRAMS": triton_attention._TARGET_PROGRAMS,
+                 "SPLIT_PREFILL_ROWS": triton_attention.SPLIT_PREFILL_ROWS, "query_len": args.query_len}
     print(f"heads {hq}/{hkv} x {dim}, {dtype}, block_size {block_size}, {device}; {constants}", flush=True)
     rows, summary = bench(batch_sizes, contexts, splits, hq, hkv, dim, block_size, dtype, device, args.reps,
-                          per_graph, args.max_model_len)
+                          per_graph, args.max_model_len, args.query_len)
     result: dict[str, Any] = {"script": "bench_attention_splits", "env": bench_common.env_info(), "args": vars(args),
                               "shape": {"num_heads": hq, "num_kv_heads": hkv, "head_dim": dim, "dtype": str(dtype),
                                         "block_size": block_size},

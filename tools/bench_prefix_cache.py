@@ -29,13 +29,15 @@ def main() -> None:
     ap.add_argument("--json", default="bench_prefix_cache.json")
     ap.add_argument("--profile", action="store_true",
                     help="after timing: one hit and one miss under torch.profiler (kernel table) and cProfile (host)")
+    ap.add_argument("--phases", action="store_true",
+                    help="after timing: host wall time per engine phase of --repeats hits and misses (phase_timer)")
     args = ap.parse_args()
     device = resolve_device(args.device)
     from graphrunner import SamplingParams
 
     rng = random.Random(0)
     prefix = [rng.randrange(PROMPT_VOCAB) for _ in range(args.prefix_len)]
-    suffixes = [[rng.randrange(PROMPT_VOCAB) for _ in range(args.suffix_len)] for _ in range(3 * args.repeats + 4)]
+    suffixes = [[rng.randrange(PROMPT_VOCAB) for _ in range(args.suffix_len)] for _ in range(4 * args.repeats + 4)]
     llm = build_ours(args.model, device, max_model_len=args.prefix_len + args.suffix_len + 8, max_num_seqs=8,
                      enforce_eager=False, gpu_memory_utilization=args.gpu_memory_utilization)
     one = SamplingParams(temperature=0.0, max_tokens=1, detokenize=False)
@@ -64,6 +66,8 @@ def main() -> None:
     print(f"TTFT, {args.prefix_len}-token shared prefix + {args.suffix_len}-token suffix: miss "
           f"{result['ttft_miss_ms']:.2f} ms, hit {result['ttft_hit_ms']:.2f} ms ({result['speedup']:.1f}x; "
           f"{cached[-1]} tokens from cache)")
+    if args.phases:
+        result["phases_ms"] = phase_table(llm, run, suffixes, args.repeats, device)
     Path(args.json).write_text(json.dumps(result, indent=1))
     if args.profile:
         def miss_once() -> None:
@@ -72,6 +76,48 @@ def main() -> None:
 
         profile_one("hit", lambda: run(suffixes[4]), device)
         profile_one("miss", miss_once, device)
+
+
+def phase_table(llm: Any, run: Any, suffixes: list[list[int]], repeats: int, device: Any) -> dict[str, Any]:
+    """Median host time per engine phase (tools/phase_timer.py) of `repeats` misses and hits taken as the timed loop
+    takes them (reset, miss, hit), then of `repeats` hits in a row and `repeats` misses in a row."""
+    from phase_timer import PhaseTimer
+
+    timer = PhaseTimer(llm)
+    out: dict[str, Any] = {}
+    # hits take suffixes no earlier call used (a used one would hit its own blocks too)
+    fresh = iter(suffixes[4 + 2 * repeats:])
+
+    def miss(i: int) -> None:
+        llm.reset_prefix_cache()
+        timer.end_call(timed(lambda s=suffixes[4 + i]: run(s), device))
+
+    def hit(i: int) -> None:
+        suffix = next(fresh)
+        timer.end_call(timed(lambda: run(suffix), device))
+
+    try:
+        tables: dict[str, list[dict[str, float]]] = {"miss, alternating": [], "hit, alternating": []}
+        for i in range(repeats):
+            for name, call in (("miss, alternating", miss), ("hit, alternating", hit)):
+                timer.reset()
+                call(i)
+                tables[name].append(timer.medians_ms())
+        for name, rows in tables.items():
+            out[name] = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
+        for name, call in (("hit, in a row", hit), ("miss, in a row", miss)):
+            timer.reset()
+            for i in range(repeats):
+                call(i)
+            out[name] = timer.medians_ms()
+        names = list(out)
+        print(f"--- host phases, median ms per call ({repeats} calls each)", flush=True)
+        print(f"  {'phase':<24}" + "".join(f"{n:>19}" for n in names))
+        for k in out[names[0]]:
+            print(f"  {k:<24}" + "".join(f"{out[n][k]:19.3f}" for n in names), flush=True)
+    finally:
+        timer.close()
+    return out
 
 
 def profile_one(name: str, fn: Any, device: Any) -> None:

@@ -27,6 +27,8 @@
 #                                        # tests with the fused attention prologue and the GEMV norm prologue on
 #   bash tools/gpu_checks.sh bench2     # T1 with and without penalties, P1 (with profile), L1 step breakdown
 #   bash tools/gpu_checks.sh p1         # P1 alone (hit vs miss TTFT, with profile)
+#   bash tools/gpu_checks.sh p1-phases  # the hit's attention per split count and tile height, P1 with host phases
+#   bash tools/gpu_checks.sh p1-ab      # prefetching attention loop off / on: tests, attention sweep, P1 phases, L1/L2
 #   bash tools/gpu_checks.sh p1-rows    # P1 with 128-row split prefill tiles vs 64 (+ the attention tests on CUDA)
 #   bash tools/gpu_checks.sh startup    # S1: cold, precompile, warm, eager
 #   bash tools/gpu_checks.sh serve      # offline L1 and T1, then SV1 with the engine loop in a process (needs .whl/)
@@ -39,7 +41,7 @@
 # limit so the last phase still ends (and is tarred) inside the device call:
 #   DEADLINE=560 bash tools/gpu_checks.sh tests-a tests-b
 set -u
-[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-cost | spec-table | gemv | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-rows | bench2 | startup | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-cost | spec-table | gemv | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | p1-rows | bench2 | startup | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
 OUT=${OUT:-/tmp/out}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 END=$(( $(date +%s) + ${DEADLINE:-100000} ))
@@ -304,6 +306,41 @@ p1)
   model
   T 150 python3 tools/bench_prefix_cache.py --model /tmp/q06 --repeats 5 --profile \
     --json "$R/p1.json" > "$R/p1.log" 2>&1
+  ;;
+p1-phases)
+  model
+  # issue 14: where a hit's TTFT goes. The hit's attention shape (64 new tokens over 4,160 keys) per split count and
+  # tile height, then P1 with the host phase table (tools/phase_timer.py) and the profiles
+  for rows in 64 128; do
+    T 120 python3 tools/bench_attention_splits.py --batch-sizes 1 --contexts 4160 --query-len 64 \
+      --split-rows $rows --max-splits 64 --splits 1,4,8,16,24,32,48,64 --max-model-len 4168 \
+      --json "$R/attn_hit_rows$rows.json" > "$R/attn_hit_rows$rows.log" 2>&1
+  done
+  T 170 python3 tools/bench_prefix_cache.py --model /tmp/q06 --repeats 5 --phases --profile \
+    --json "$R/p1.json" > "$R/p1.log" 2>&1
+  ;;
+p1-ab)
+  model
+  # issue 14 / 17: the prefetching key loop (GRAPHRUNNER_ATTN_PREFETCH) and the one-launch staged writes: kernel
+  # tests on CUDA, the attention sweep (hit shape and decode) with the loop off / on, P1 with host phases and L1/L2
+  # under each, then the GPU engine tests (HF tokens, graphs == eager, no sync) with the new defaults
+  T 150 python3 -m pytest -q -p no:cacheprovider tests/test_attention_prefetch.py tests/test_state_staging.py \
+    tests/test_state_kernels.py tests/test_kernel_specialisation.py > "$R/pytest_kernels.log" 2>&1
+  echo "pytest rc=$?" >> "$R/pytest_kernels.log"
+  for pf in 0 1; do
+    GRAPHRUNNER_ATTN_PREFETCH=$pf T 60 python3 tools/bench_attention_splits.py --batch-sizes 1 --contexts 4160 \
+      --query-len 64 --splits 8,16 --max-model-len 4168 --json "$R/attn_hit_pf$pf.json" > "$R/attn_hit_pf$pf.log" 2>&1
+    GRAPHRUNNER_ATTN_PREFETCH=$pf T 60 python3 tools/bench_attention_splits.py --batch-sizes 1,8 \
+      --contexts 200,330,1024,4096 --splits 1 --json "$R/attn_dec_pf$pf.json" > "$R/attn_dec_pf$pf.log" 2>&1
+  done
+  for pf in 0 1; do
+    GRAPHRUNNER_ATTN_PREFETCH=$pf T 90 python3 tools/bench_prefix_cache.py --model /tmp/q06 --repeats 5 --phases \
+      --json "$R/p1_pf$pf.json" > "$R/p1_pf$pf.log" 2>&1
+  done
+  for pf in 0 1; do GRAPHRUNNER_ATTN_PREFETCH=$pf lat "lat_pf$pf"; done
+  GRAPHRUNNER_ATTN_PREFETCH=${P1AB_PREFETCH:-1} T 400 python3 -m pytest -q -p no:cacheprovider -m gpu --durations=5 \
+    tests/test_gpu_engine.py tests/test_gpu_capture.py tests/test_prefix_cache.py > "$R/pytest_gpu.log" 2>&1
+  echo "pytest rc=$?" >> "$R/pytest_gpu.log"
   ;;
 p1-rows)
   model

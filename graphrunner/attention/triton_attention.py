@@ -40,6 +40,9 @@ _TARGET_PROGRAMS = 264  # ~2 waves on a 132-SM H200
 # GRAPHRUNNER_ATTN_FOLD_MERGE=1: the last split program of each tile merges the splits itself (an atomic counter per
 # tile), so a split launch needs no second kernel; off until measured on the H200 (docs/DECISIONS.md).
 FOLD_MERGE = env_choice("GRAPHRUNNER_ATTN_FOLD_MERGE", ("0", "1"), "0") == "1"
+# GRAPHRUNNER_ATTN_PREFETCH=1: the key loop issues V and the next tile's block ids together with K (one memory
+# latency per tile instead of three dependent ones); bit-equal either way (docs/DECISIONS.md has the measurement).
+PREFETCH_KV = env_choice("GRAPHRUNNER_ATTN_PREFETCH", ("0", "1"), "0") == "1"
 _MAX_TILES = 16384
 _counters: dict[torch.device, torch.Tensor] = {}
 
@@ -65,7 +68,7 @@ def _unified_attention_kernel(
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, TILE: tl.constexpr, NUM_SPLITS: tl.constexpr,
     USE_WINDOW: tl.constexpr, USE_SOFTCAP: tl.constexpr, FP32_DOT: tl.constexpr, PDL: tl.constexpr,
-    FOLD_MERGE: tl.constexpr,
+    FOLD_MERGE: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     if PDL:  # everything below reads what earlier kernels wrote (graphrunner.pdl)
         pdl_launch_dependents()
@@ -104,15 +107,27 @@ def _unified_attention_kernel(
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
         n_base = tl.arange(0, TILE)
+        bt_row = block_table_ptr + req * stride_bt
+        if PREFETCH:  # the first tile's block ids before the loop; each iteration fetches the next tile's
+            blk_next = tl.load(bt_row + (lo + n_base) // BLOCK_SIZE, mask=lo + n_base < hi, other=0)
         for start in range(lo, hi, TILE):
             n = start + n_base
             n_ok = n < hi
-            blk = tl.load(block_table_ptr + req * stride_bt + n // BLOCK_SIZE, mask=n_ok, other=0)
+            if PREFETCH:
+                blk = blk_next
+            else:
+                blk = tl.load(bt_row + n // BLOCK_SIZE, mask=n_ok, other=0)
             slot = n % BLOCK_SIZE
             kv_mask = n_ok[:, None] & d_ok[None, :]
             # Unused slots may hold anything (NaN included): masked loads read 0 there.
             k = tl.load(k_ptr + blk[:, None].to(tl.int64) * stride_kb + slot[:, None] * stride_ks + kvh * stride_kh
                         + d[None, :], mask=kv_mask, other=0.0)
+            if PREFETCH:
+                # V and the next tile's block ids are issued with K, so one memory latency per tile, not three
+                # (block ids -> K -> V); the arithmetic below is unchanged, so the bits are too
+                v = tl.load(v_ptr + blk[:, None].to(tl.int64) * stride_vb + slot[:, None] * stride_vs
+                            + kvh * stride_vh + d[None, :], mask=kv_mask, other=0.0)
+                blk_next = tl.load(bt_row + (n + TILE) // BLOCK_SIZE, mask=n + TILE < hi, other=0)
             if FP32_DOT:
                 s = tl.dot(q, tl.trans(k), input_precision="ieee")
             else:
@@ -129,8 +144,9 @@ def _unified_attention_kernel(
             p = tl.exp(s - m_safe[:, None])
             alpha = tl.exp(m_i - m_safe)
             l_i = l_i * alpha + tl.sum(p, axis=1)
-            v = tl.load(v_ptr + blk[:, None].to(tl.int64) * stride_vb + slot[:, None] * stride_vs + kvh * stride_vh
-                        + d[None, :], mask=kv_mask, other=0.0)
+            if not PREFETCH:
+                v = tl.load(v_ptr + blk[:, None].to(tl.int64) * stride_vb + slot[:, None] * stride_vs
+                            + kvh * stride_vh + d[None, :], mask=kv_mask, other=0.0)
             if FP32_DOT:
                 pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
             else:
@@ -304,7 +320,7 @@ def _launch(query: torch.Tensor, layer_cache: torch.Tensor, query_start_loc: tor
         GROUP=group, HEAD_DIM=dim, D_PAD=d_pad, BLOCK_SIZE=block_size, BLOCK_Q=block_q, BLOCK_M=block_m,
         TILE=max(TILE_N, block_size), NUM_SPLITS=num_splits, USE_WINDOW=sliding_window >= 0,
         USE_SOFTCAP=softcap > 0, FP32_DOT=query.dtype == torch.float32, PDL=pdl, FOLD_MERGE=counters is not None,
-        num_warps=warps, launch_pdl=pdl,
+        PREFETCH=PREFETCH_KV, num_warps=warps, launch_pdl=pdl,
     )
     if num_splits > 1 and counters is None:
         _merge_splits_kernel[(t, hq)](part_acc, part_ml, out, out.stride(0), out.stride(1), t, hq,
