@@ -93,6 +93,7 @@ def test_prepare_and_sample_compile_one_variant_for_every_batch() -> None:
     def variants(kernel) -> int:  # type: ignore[no-untyped-def]
         return sum(len(cache[0]) for cache in kernel.device_caches.values())
 
+    base: tuple[int, int] | None = None
     for b in (1, 2, 3, 5, 8, 16, 17, 32, 33, 40):  # ==1, divisible by 16, neither; aligned and not
         counts = [rng.randrange(1, 9) for _ in range(b)]
         rows = rng.sample(range(max_reqs), k=b)
@@ -104,5 +105,8 @@ def test_prepare_and_sample_compile_one_variant_for_every_batch() -> None:
                        out=buffers.views(b, n_tok, cols))
         sample_split_triton(logits[:b], idx, temperature, seeds, num_tokens_state)
         torch.cuda.synchronize()
-        assert variants(_prepare_inputs_kernel) == 1, f"a new prepare_inputs variant at batch {b}"
-        assert variants(_split_sample_partial_kernel) == 1, f"a new split-sampler variant at batch {b}"
+        # counted from the first batch on: tests run earlier in this process may have compiled other variants
+        now = (variants(_prepare_inputs_kernel), variants(_split_sample_partial_kernel))
+        base = base or now
+        assert now[0] == base[0], f"a new prepare_inputs variant at batch {b}"
+        assert now[1] == base[1], f"a new split-sampler variant at batch {b}"

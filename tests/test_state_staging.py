@@ -97,3 +97,27 @@ def test_state_table_applies_what_was_staged(use_triton: bool) -> None:
         assert table.seeds[row].item() == seed
         want = torch.tensor([params.temperature, params.top_p, params.min_p, 1.0, 0.0, 0.0], dtype=torch.float32)
         assert torch.equal(table.floats[:, row].cpu(), want)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (compiled Triton kernels)")
+def test_one_compiled_variant_whatever_the_step_stages() -> None:
+    from graphrunner.state_staging import _apply_staged_kernel
+
+    def variants() -> int:
+        return sum(len(cache[0]) for cache in _apply_staged_kernel.device_caches.values())
+
+    rng = random.Random(2)
+    table = StateTable(max_reqs=40, max_model_len=64, max_blocks_per_req=4, device=DEVICE, use_triton=True)
+    base = None
+    for n in (1, 2, 3, 5, 8, 16, 17, 32, 33, 40):  # ==1, divisible by 16, neither
+        for row in rng.sample(range(40), k=n):
+            tokens = [rng.randrange(1000) for _ in range(rng.randrange(1, 64))]
+            table.stage_new_row(row, tokens, len(tokens), 0, SamplingParams(), seed=row)
+            table.stage_blocks(row, 0, [rng.randrange(100) for _ in range(rng.randrange(1, 4))])
+        table.apply_staged()
+        table.stage_blocks(rng.randrange(40), 3, [7])  # a step with only a new block
+        table.apply_staged()
+        torch.cuda.synchronize()
+        base = variants() if base is None else base
+        assert variants() == base, f"a new staged-writes variant after {n} new rows"

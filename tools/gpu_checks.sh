@@ -29,6 +29,7 @@
 #   bash tools/gpu_checks.sh p1         # P1 alone (hit vs miss TTFT, with profile)
 #   bash tools/gpu_checks.sh p1-phases  # the hit's attention per split count and tile height, P1 with host phases
 #   bash tools/gpu_checks.sh p1-ab      # prefetching attention loop off / on: tests, attention sweep, P1 phases, L1/L2
+#   bash tools/gpu_checks.sh l1-split   # short-context decode splits, L1/L2 A/B (prefetch, split min length), T1 +- cache
 #   bash tools/gpu_checks.sh p1-rows    # P1 with 128-row split prefill tiles vs 64 (+ the attention tests on CUDA)
 #   bash tools/gpu_checks.sh startup    # S1: cold, precompile, warm, eager
 #   bash tools/gpu_checks.sh serve      # offline L1 and T1, then SV1 with the engine loop in a process (needs .whl/)
@@ -41,7 +42,7 @@
 # limit so the last phase still ends (and is tarred) inside the device call:
 #   DEADLINE=560 bash tools/gpu_checks.sh tests-a tests-b
 set -u
-[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-cost | spec-table | gemv | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | p1-rows | bench2 | startup | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-cost | spec-table | gemv | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | p1-rows | bench2 | startup | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
 OUT=${OUT:-/tmp/out}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 END=$(( $(date +%s) + ${DEADLINE:-100000} ))
@@ -341,6 +342,22 @@ p1-ab)
   GRAPHRUNNER_ATTN_PREFETCH=${P1AB_PREFETCH:-1} T 400 python3 -m pytest -q -p no:cacheprovider -m gpu --durations=5 \
     tests/test_gpu_engine.py tests/test_gpu_capture.py tests/test_prefix_cache.py > "$R/pytest_gpu.log" 2>&1
   echo "pytest rc=$?" >> "$R/pytest_gpu.log"
+  ;;
+l1-split)
+  model
+  # issue 17 / 14: decode attention below 256 keys split or not (the prefetching loop on), L1/L2 with the loop off /
+  # on and with GRAPHRUNNER_ATTN_SPLIT_MIN_LEN=128, then T1 with prefix caching off / on (P1's 2% at 0% hits)
+  GRAPHRUNNER_ATTN_PREFETCH=1 T 60 python3 tools/bench_attention_splits.py --batch-sizes 1,8 --contexts 128,160,200,256 \
+    --splits 1,2,3,4,6 --json "$R/attn_short.json" > "$R/attn_short.log" 2>&1
+  GRAPHRUNNER_ATTN_PREFETCH=1 lat lat_pf1_a
+  GRAPHRUNNER_ATTN_PREFETCH=0 lat lat_pf0
+  GRAPHRUNNER_ATTN_PREFETCH=1 GRAPHRUNNER_ATTN_SPLIT_MIN_LEN=128 lat lat_pf1_min128
+  GRAPHRUNNER_ATTN_PREFETCH=1 lat lat_pf1_b
+  for pc in off on; do
+    flag=""; [ $pc = off ] && flag=--no-prefix-caching
+    GRAPHRUNNER_ATTN_PREFETCH=1 T 100 python3 tools/bench_throughput.py --model /tmp/q06 --no-peer --detokenize \
+      --runs 3 $flag --json "$R/t1_cache_$pc.json" > "$R/t1_cache_$pc.log" 2>&1
+  done
   ;;
 p1-rows)
   model

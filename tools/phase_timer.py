@@ -16,11 +16,16 @@ from typing import Any
 from graphrunner.async_output import AsyncStepOutput
 
 # (label, path of the object from the engine, method name): what each phase times
+# (indented labels are parts of the phase above them, left out of the "outside the phases" sum)
 PHASES: tuple[tuple[str, str, str], ...] = (
     ("add_request", "", "add_request"),
     ("schedule", "scheduler", "schedule"),
+    ("  cache lookup", "scheduler", "_cache_hits"),
     ("execute (launch)", "runner", "execute"),
     ("  stage", "runner", "_stage"),
+    ("    apply_staged", "runner.state", "apply_staged"),
+    ("  FULL replay", "runner", "_replay_full"),
+    ("  launch output copy", "runner.outputs", "launch"),
     ("process (wait incl.)", "", "_process"),
 )
 
@@ -67,8 +72,7 @@ class PhaseTimer:
         """Close one measured call of `wall_s` seconds: its phase sums join calls()."""
         row = dict(self.totals)
         row["total"] = wall_s
-        row["outside the phases"] = wall_s - sum(v for k, v in row.items()
-                                                  if k not in ("total", "  stage", "  wait (device)"))
+        row["outside the phases"] = wall_s - sum(v for k, v in row.items() if k != "total" and not k.startswith(" "))
         self._calls.append(row)
         self.totals.clear()
 
