@@ -75,7 +75,7 @@ def test_falls_back_to_the_merge_kernel_without_a_counter(monkeypatch: pytest.Mo
 @pytest.mark.parametrize("mode", ["graphs", "eager"])
 def test_engine_tokens_equal_with_the_folded_merge(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
     model_dir = make_tiny_model(tmp_path, "Qwen3ForCausalLM")
-    # contexts past SPLIT_MIN_SEQ_LEN (256), so decode attention splits its KV range
+    # contexts past SPLIT_MIN_SEQ_LEN (128), so decode attention splits its KV range
     prompts = [[5, 6, 7, 8, 9, 10, 11] * 45, [100, 7, 8, 9, 10] * 60, [3] * 280]
     kwargs = {"dtype": "bfloat16", "max_model_len": 512, "device": "cuda", "enforce_eager": mode == "eager",
               "attention_backend": "triton"}

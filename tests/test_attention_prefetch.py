@@ -60,7 +60,7 @@ def test_prefetching_loop_is_bit_equal_to_the_plain_loop(monkeypatch: pytest.Mon
 @pytest.mark.parametrize("mode", ["graphs", "eager"])
 def test_engine_tokens_equal_with_prefetch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
     model_dir = make_tiny_model(tmp_path, "Qwen3ForCausalLM")
-    # contexts past SPLIT_MIN_SEQ_LEN (256), so decode attention splits its KV range; a shared prefix makes the
+    # contexts past SPLIT_MIN_SEQ_LEN (128), so decode attention splits its KV range; a shared prefix makes the
     # second request a prefix-cache hit (a short chunk over a long cached range)
     prompts = [[5, 6, 7, 8, 9, 10, 11] * 45, [5, 6, 7, 8, 9, 10, 11] * 45 + [3, 4, 5], [3] * 280]
     kwargs = {"dtype": "bfloat16", "max_model_len": 512, "device": "cuda", "enforce_eager": mode == "eager",

@@ -24,7 +24,8 @@ def test_old_rule(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_default_rule_splits_short_decode_contexts(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ta, "MAX_SPLITS", 16)
-    assert choose_num_splits(1, 8, 255) == 1  # below 256 keys splitting did not pay on the H200
+    assert choose_num_splits(1, 8, 127) == 1  # below 128 keys splitting did not pay on the H200
+    assert choose_num_splits(1, 8, 200) == 4  # one split per 64 keys
     assert choose_num_splits(1, 8, 330) == 6  # one split per 64 keys
     assert choose_num_splits(1, 8, 4096) == 16
     assert choose_num_splits(8, 8, 512) == 5  # ~2 waves of 132 SMs
@@ -73,9 +74,9 @@ def _constants(env: dict[str, str]) -> subprocess.CompletedProcess:
 
 
 def test_env_values_are_read() -> None:
-    assert _constants({}).stdout.split() == ["256", "64"]
-    got = _constants({"GRAPHRUNNER_ATTN_SPLIT_MIN_LEN": "128", "GRAPHRUNNER_ATTN_SPLIT_MIN_KEYS": "64"})
-    assert got.stdout.split() == ["128", "64"], got.stderr
+    assert _constants({}).stdout.split() == ["128", "64"]
+    got = _constants({"GRAPHRUNNER_ATTN_SPLIT_MIN_LEN": "256", "GRAPHRUNNER_ATTN_SPLIT_MIN_KEYS": "32"})
+    assert got.stdout.split() == ["256", "32"], got.stderr
 
 
 @pytest.mark.parametrize(("name", "raw"), [("GRAPHRUNNER_ATTN_SPLIT_MIN_LEN", "0"),

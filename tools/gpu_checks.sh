@@ -30,6 +30,7 @@
 #   bash tools/gpu_checks.sh p1-phases  # the hit's attention per split count and tile height, P1 with host phases
 #   bash tools/gpu_checks.sh p1-ab      # prefetching attention loop off / on: tests, attention sweep, P1 phases, L1/L2
 #   bash tools/gpu_checks.sh l1-split   # short-context decode splits, L1/L2 A/B (prefetch, split min length), T1 +- cache
+#   bash tools/gpu_checks.sh final15    # this session's defaults: kernel + GPU engine tests, P1 phases, L1/L2 +- prefetch
 #   bash tools/gpu_checks.sh p1-rows    # P1 with 128-row split prefill tiles vs 64 (+ the attention tests on CUDA)
 #   bash tools/gpu_checks.sh startup    # S1: cold, precompile, warm, eager
 #   bash tools/gpu_checks.sh serve      # offline L1 and T1, then SV1 with the engine loop in a process (needs .whl/)
@@ -42,7 +43,7 @@
 # limit so the last phase still ends (and is tarred) inside the device call:
 #   DEADLINE=560 bash tools/gpu_checks.sh tests-a tests-b
 set -u
-[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-cost | spec-table | gemv | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | p1-rows | bench2 | startup | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-cost | spec-table | gemv | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | final15 | p1-rows | bench2 | startup | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
 OUT=${OUT:-/tmp/out}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 END=$(( $(date +%s) + ${DEADLINE:-100000} ))
@@ -358,6 +359,22 @@ l1-split)
     GRAPHRUNNER_ATTN_PREFETCH=1 T 100 python3 tools/bench_throughput.py --model /tmp/q06 --no-peer --detokenize \
       --runs 3 $flag --json "$R/t1_cache_$pc.json" > "$R/t1_cache_$pc.log" 2>&1
   done
+  ;;
+final15)
+  model
+  # the fifteenth session's defaults (prefetching key loop, decode splits from 128 keys, one-launch staged writes):
+  # kernel tests on CUDA and the GPU engine / capture / prefix-cache tests, P1 with host phases, L1/L2 with the loop
+  # on (default) and off
+  T 120 python3 -m pytest -q -p no:cacheprovider tests/test_attention_prefetch.py tests/test_state_staging.py \
+    tests/test_attention_splits_env.py tests/test_kernel_specialisation.py > "$R/pytest_kernels.log" 2>&1
+  echo "pytest rc=$?" >> "$R/pytest_kernels.log"
+  T 270 python3 -m pytest -q -p no:cacheprovider -m gpu --durations=5 tests/test_gpu_engine.py \
+    tests/test_gpu_capture.py tests/test_prefix_cache.py > "$R/pytest_gpu.log" 2>&1
+  echo "pytest rc=$?" >> "$R/pytest_gpu.log"
+  T 90 python3 tools/bench_prefix_cache.py --model /tmp/q06 --repeats 5 --phases --json "$R/p1.json" \
+    > "$R/p1.log" 2>&1
+  lat lat_default
+  GRAPHRUNNER_ATTN_PREFETCH=0 lat lat_pf0
   ;;
 p1-rows)
   model

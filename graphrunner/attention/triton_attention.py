@@ -31,8 +31,9 @@ MAX_SPLITS = int(env_number("GRAPHRUNNER_ATTN_MAX_SPLITS", 16, integer=True, rul
                             valid=lambda v: 1 <= v <= 64))
 # Decode-style launches split the KV range only from this context length on, and into at most one split per
 # SPLIT_MIN_KEYS keys: short-context decode at small batch is latency-bound (H200, bench_attention_splits.py,
-# batch 1 at 330 keys: 12.5 us unsplit, 6.2 us in 6 splits; below 256 keys splitting does not pay).
-SPLIT_MIN_SEQ_LEN = int(env_number("GRAPHRUNNER_ATTN_SPLIT_MIN_LEN", 256, integer=True, rule="in [1, 1048576]",
+# batch 1 at 200 keys: 7.6 us unsplit, 4.6-5.6 us in 4-6 splits; at 128 keys splitting does not pay yet; L1 TPOT
+# 0.777 -> 0.730 ms with 128 instead of 256: docs/BENCHMARKS.md, fifteenth session).
+SPLIT_MIN_SEQ_LEN = int(env_number("GRAPHRUNNER_ATTN_SPLIT_MIN_LEN", 128, integer=True, rule="in [1, 1048576]",
                                    valid=lambda v: 1 <= v <= 1 << 20))
 SPLIT_MIN_KEYS = int(env_number("GRAPHRUNNER_ATTN_SPLIT_MIN_KEYS", 64, integer=True, rule="in [16, 65536]",
                                 valid=lambda v: 16 <= v <= 65536))
@@ -40,9 +41,9 @@ _TARGET_PROGRAMS = 264  # ~2 waves on a 132-SM H200
 # GRAPHRUNNER_ATTN_FOLD_MERGE=1: the last split program of each tile merges the splits itself (an atomic counter per
 # tile), so a split launch needs no second kernel; off until measured on the H200 (docs/DECISIONS.md).
 FOLD_MERGE = env_choice("GRAPHRUNNER_ATTN_FOLD_MERGE", ("0", "1"), "0") == "1"
-# GRAPHRUNNER_ATTN_PREFETCH=1: the key loop issues V and the next tile's block ids together with K (one memory
-# latency per tile instead of three dependent ones); bit-equal either way (docs/DECISIONS.md has the measurement).
-PREFETCH_KV = env_choice("GRAPHRUNNER_ATTN_PREFETCH", ("0", "1"), "0") == "1"
+# The key loop issues V and the next tile's block ids together with K (one memory latency per tile instead of three
+# dependent ones); bit-equal either way; GRAPHRUNNER_ATTN_PREFETCH=0 restores the plain loop (docs/DECISIONS.md).
+PREFETCH_KV = env_choice("GRAPHRUNNER_ATTN_PREFETCH", ("0", "1"), "1") == "1"
 _MAX_TILES = 16384
 _counters: dict[torch.device, torch.Tensor] = {}
 
