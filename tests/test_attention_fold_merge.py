@@ -7,23 +7,18 @@ on a GPU an engine gives the same greedy tokens with it on and off, through grap
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import pytest
 import torch
-from tiny_models import greedy_tokens_off_and_on, make_tiny_model
+from tiny_models import attention_with_switch, greedy_tokens_off_and_on, make_tiny_model
 
 from graphrunner.attention import triton_attention
 from graphrunner.attention.testing import contiguous_batch
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def _run(monkeypatch: pytest.MonkeyPatch, fold: bool, query: torch.Tensor, cache: torch.Tensor, meta: object,
-         num_splits: int, window: int | None) -> torch.Tensor:
-    monkeypatch.setattr(triton_attention, "FOLD_MERGE", fold)
-    return triton_attention.unified_attention(query, cache, meta, query.shape[-1] ** -0.5, sliding_window=window,
-                                              num_splits=num_splits, out=torch.empty_like(query))
+fold = partial(attention_with_switch, "FOLD_MERGE")
 
 
 @pytest.mark.parametrize(("query_lens", "context_lens", "num_splits", "window"), [
@@ -41,9 +36,9 @@ def test_folded_merge_is_bit_equal_to_the_merge_kernel(monkeypatch: pytest.Monke
     cache = caches[0]
     cache.copy_(torch.randn(cache.shape, generator=g).to(DEVICE))
     query = torch.randn(meta.num_tokens, hq, d, generator=g).to(DEVICE)
-    expected = _run(monkeypatch, False, query, cache, meta, num_splits, window)
+    expected = fold(monkeypatch, False, query, cache, meta, num_splits, window)
     for _ in range(2):  # the second launch finds the counters zeroed again
-        assert torch.equal(_run(monkeypatch, True, query, cache, meta, num_splits, window), expected)
+        assert torch.equal(fold(monkeypatch, True, query, cache, meta, num_splits, window), expected)
     counters = triton_attention._counters.get(query.device)  # keyed by the tensors' device (cuda:0, not cuda)
     assert counters is not None and not counters.any()
 
@@ -54,7 +49,7 @@ def test_falls_back_to_the_merge_kernel_without_a_counter(monkeypatch: pytest.Mo
     cache = caches[0]
     cache.copy_(torch.randn(cache.shape, generator=g).to(DEVICE))
     query = torch.randn(meta.num_tokens, 4, 16, generator=g).to(DEVICE)
-    expected = _run(monkeypatch, False, query, cache, meta, 3, None)
+    expected = fold(monkeypatch, False, query, cache, meta, 3, None)
     merges = []
     original = triton_attention._merge_splits_kernel
 
@@ -65,10 +60,10 @@ def test_falls_back_to_the_merge_kernel_without_a_counter(monkeypatch: pytest.Mo
 
     monkeypatch.setattr(triton_attention, "_merge_splits_kernel", Counting())
     monkeypatch.setattr(triton_attention, "_counter_buffer", lambda device, tiles: None)  # e.g. too many tiles
-    assert torch.equal(_run(monkeypatch, True, query, cache, meta, 3, None), expected) and len(merges) == 1
+    assert torch.equal(fold(monkeypatch, True, query, cache, meta, 3, None), expected) and len(merges) == 1
     monkeypatch.undo()
     monkeypatch.setattr(triton_attention, "_merge_splits_kernel", Counting())
-    assert torch.equal(_run(monkeypatch, True, query, cache, meta, 3, None), expected) and len(merges) == 1
+    assert torch.equal(fold(monkeypatch, True, query, cache, meta, 3, None), expected) and len(merges) == 1
 
 
 @pytest.mark.gpu

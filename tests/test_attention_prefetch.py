@@ -11,20 +11,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_models import greedy_tokens_off_and_on, make_tiny_model
+from tiny_models import attention_with_switch, greedy_tokens_off_and_on, make_tiny_model
 
 from graphrunner.attention import triton_attention
 from graphrunner.attention.reference import paged_attention_ref
 from graphrunner.attention.testing import contiguous_batch
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def _run(monkeypatch: pytest.MonkeyPatch, prefetch: bool, query: torch.Tensor, cache: torch.Tensor, meta: object,
-         num_splits: int, window: int | None) -> torch.Tensor:
-    monkeypatch.setattr(triton_attention, "PREFETCH_KV", prefetch)
-    return triton_attention.unified_attention(query, cache, meta, query.shape[-1] ** -0.5, sliding_window=window,
-                                              num_splits=num_splits, out=torch.empty_like(query))
 
 
 @pytest.mark.parametrize(("query_lens", "context_lens", "num_splits", "window", "block_size"), [
@@ -49,8 +42,8 @@ def test_prefetching_loop_is_bit_equal_to_the_plain_loop(monkeypatch: pytest.Mon
     cache = caches[0]
     cache.copy_(torch.randn(cache.shape, generator=g).to(DEVICE))
     query = torch.randn(meta.num_tokens, hq, d, generator=g).to(DEVICE)
-    plain = _run(monkeypatch, False, query, cache, meta, num_splits, window)
-    prefetched = _run(monkeypatch, True, query, cache, meta, num_splits, window)
+    plain = attention_with_switch("PREFETCH_KV", monkeypatch, False, query, cache, meta, num_splits, window)
+    prefetched = attention_with_switch("PREFETCH_KV", monkeypatch, True, query, cache, meta, num_splits, window)
     assert torch.equal(prefetched, plain)
     ref = paged_attention_ref(query, cache, meta, d ** -0.5, sliding_window=window)
     torch.testing.assert_close(prefetched, ref, atol=2e-5, rtol=2e-5)

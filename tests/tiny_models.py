@@ -181,3 +181,14 @@ def greedy_tokens_off_and_on(monkeypatch: Any, module: Any, switch: str, model_d
         tokens.append([list(o.outputs[0].token_ids) for o in llm.generate(prompts, params)])
         del llm
     return tokens
+
+
+def attention_with_switch(switch: str, monkeypatch: Any, on: bool, query: torch.Tensor, cache: torch.Tensor,
+                          meta: Any, num_splits: int, window: int | None) -> torch.Tensor:
+    """Triton paged attention of query [T, Hq, D] over one layer's cache with triton_attention.<switch> set to `on`
+    (a kernel switch read at launch time), into a fresh output."""
+    from graphrunner.attention import triton_attention
+
+    monkeypatch.setattr(triton_attention, switch, on)
+    return triton_attention.unified_attention(query, cache, meta, query.shape[-1] ** -0.5, sliding_window=window,
+                                              num_splits=num_splits, out=torch.empty_like(query))
