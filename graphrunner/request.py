@@ -8,6 +8,7 @@ device whose values the host has not seen yet.
 from __future__ import annotations
 
 import enum
+from array import array
 from dataclasses import dataclass, field
 
 from graphrunner.prefix_cache import BlockHash
@@ -48,6 +49,7 @@ class Request:
     block_hashes: list[BlockHash] = field(default_factory=list)  # prefix keys of its full, known blocks
     num_registered_blocks: int = 0  # leading blocks of block_ids already registered in the prefix cache
     num_cached_tokens: int = -1     # prompt tokens served from the prefix cache at first admission (-1: not yet)
+    _prompt_array: array | None = field(default=None, init=False, repr=False)  # int32 copy, made on first use
 
     @property
     def prompt_len(self) -> int:
@@ -77,14 +79,16 @@ class Request:
     def finished(self) -> bool:
         return self.status is RequestStatus.FINISHED
 
-    def token_slice(self, start: int, end: int) -> list[int]:
-        """Tokens [start, end) of prompt + outputs, without copying the whole history."""
-        n = self.prompt_len
-        if end <= n:
-            return self.prompt_token_ids[start:end]
-        if start >= n:
-            return self.output_token_ids[start - n:end - n]
-        return self.prompt_token_ids[start:] + self.output_token_ids[:end - n]
-
     def all_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
+
+    def token_array(self, start: int, end: int) -> array:
+        """Tokens [start, end) of prompt + outputs as an int32 array: the prompt is converted once per request, so
+        its keys and every staging of its row copy memory instead of converting 4K Python ints each time."""
+        if self._prompt_array is None:
+            self._prompt_array = array("i", self.prompt_token_ids)
+        n = self.prompt_len
+        head = self._prompt_array[start:min(end, n)] if start < n else array("i")
+        if end > n:
+            head.extend(self.output_token_ids[max(start - n, 0):end - n])
+        return head

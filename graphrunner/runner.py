@@ -129,8 +129,8 @@ class ModelRunner:
         for s in sched.scheduled:
             req = s.request
             if s.is_new:
-                self.state.stage_new_row(s.row, req.all_token_ids(), req.prompt_len, s.seq_len - s.num_tokens,
-                                         req.params, req.seed)
+                self.state.stage_new_row(s.row, req.token_array(0, req.num_host_tokens), req.prompt_len,
+                                         s.seq_len - s.num_tokens, req.params, req.seed)
                 self.model_state.add_request(s.row, req)
             self.state.stage_blocks(s.row, s.first_new_block, s.new_block_ids)
         self.state.apply_staged()

@@ -209,7 +209,7 @@ class Scheduler:
         """Keys of req's full blocks within its first num_tokens tokens; hashes only the blocks still missing."""
         start = len(req.block_hashes) * self.block_size
         if num_tokens - start >= self.block_size:
-            extend_block_hashes(req.block_hashes, req.token_slice(start, num_tokens), num_tokens, self.block_size,
+            extend_block_hashes(req.block_hashes, req.token_array(start, num_tokens), num_tokens, self.block_size,
                                 req.cache_salt, start)
 
     def _register_blocks(self, req: Request) -> None:

@@ -32,9 +32,9 @@ class _RaggedStage:
     rows: list[int] = field(default_factory=list)
     starts: list[int] = field(default_factory=list)
     cu_lens: list[int] = field(default_factory=lambda: [0])
-    values: list[int] = field(default_factory=list)
+    values: array = field(default_factory=lambda: array("i"))  # int32: an int32 array source extends by memcpy
 
-    def add(self, row: int, start: int, values: list[int]) -> None:
+    def add(self, row: int, start: int, values: list[int] | array) -> None:
         if values:
             self.rows.append(row)
             self.starts.append(start)
@@ -83,7 +83,7 @@ class StateTable:
             (self.num_tokens, self.num_computed, self.prompt_len, self.top_k, self.num_drafts), self.floats,
             self.seeds)
 
-    def stage_new_row(self, row: int, token_ids: list[int], prompt_len: int, num_computed: int,
+    def stage_new_row(self, row: int, token_ids: list[int] | array, prompt_len: int, num_computed: int,
                       params: SamplingParams, seed: int) -> None:
         """(Re)initialise a row: its known tokens, computed count and sampling parameters."""
         self._tokens.add(row, 0, token_ids)

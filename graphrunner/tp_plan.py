@@ -27,6 +27,7 @@ def _slim(req: Request) -> Request:
     out.output_token_ids = list(req.output_token_ids)
     out.block_ids = []
     out.block_hashes = []
+    out._prompt_array = None  # rebuilt on the worker when its runner stages the row
     return out
 
 

@@ -103,7 +103,7 @@ def test_plan_mixed_full_for_small_batches_with_prefill() -> None:
     assert m.plan(5, 100, 200, False, True).mode is StepMode.PIECEWISE   # more requests than any mixed graph
     assert m.plan(1, 129, 200, False, True).mode is StepMode.PIECEWISE   # more tokens than any mixed graph
     assert m.plan(1, 50, 200, False, False).mode is StepMode.PIECEWISE   # sampling a FULL graph does not cover
-    assert m.plan(3, 3, 200, True, True) == StepPlan(StepMode.FULL, 4, 4, 1)  # a uniform decode keeps its graphs
+    assert m.plan(3, 3, 100, True, True) == StepPlan(StepMode.FULL, 4, 4, 1)  # a uniform decode keeps its graphs
     # a mixed step of <= MAX_M tokens stays in its small piecewise bucket, as eager it runs the small-M GEMV
     assert m.plan(2, 7, 200, False, True) == StepPlan(StepMode.PIECEWISE, 2, 8)
     assert m.plan(2, 9, 200, False, True).mixed

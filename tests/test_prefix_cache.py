@@ -199,3 +199,26 @@ def test_prefix_cache_with_cuda_graphs(tmp_path: Path) -> None:
     assert all(o.num_cached_tokens >= BS for o in second if len(o.prompt_token_ids) > BS)
     assert on.engine.runner.graphs.mode_counts[StepMode.FULL] > 0
     _assert_all_released(on)
+
+
+def test_token_arrays_give_the_keys_of_the_token_lists() -> None:
+    """Request.token_array (int32, the prompt converted once) holds the token list's values for ranges inside the
+    prompt, across its end, inside the outputs and empty; hashed, it gives the list's keys (a whole history, and
+    the tail after the first block, as a resumed request hashes it)."""
+    from graphrunner.request import Request
+
+    rng = random.Random(11)
+    prompt = [rng.randrange(151_936) for _ in range(5 * BS + 3)]
+    req = Request("r", "r", 0, prompt, SamplingParams(), seed=0, max_tokens=40)
+    req.output_token_ids = [rng.randrange(151_936) for _ in range(2 * BS + 1)]
+    every = prompt + req.output_token_ids
+    for start, end in ((0, len(prompt)), (BS, 3 * BS), (2 * BS, len(every)), (len(prompt) + 1, len(every)), (4, 4)):
+        assert req.token_array(start, end).tolist() == every[start:end]
+    want: list[bytes] = []
+    extend_block_hashes(want, every, len(every), BS)
+    got: list[bytes] = []
+    extend_block_hashes(got, req.token_array(0, len(every)), len(every), BS)
+    assert got == want and len(got) == len(every) // BS
+    tail = got[:1]
+    extend_block_hashes(tail, req.token_array(BS, len(every)), len(every), BS, start=BS)
+    assert tail == want
