@@ -76,15 +76,3 @@ def test_engine_tokens_equal_with_the_folded_merge(tmp_path: Path, monkeypatch: 
               "attention_backend": "triton"}
     tokens = greedy_tokens_off_and_on(monkeypatch, triton_attention, "FOLD_MERGE", model_dir, prompts, 24, **kwargs)
     assert tokens[0] == tokens[1]
-
-
-def test_bad_switch_value_is_refused() -> None:
-    import os
-    import subprocess
-    import sys
-
-    env = {**os.environ, "GRAPHRUNNER_ATTN_FOLD_MERGE": "yes"}
-    got = subprocess.run([sys.executable, "-c", "import graphrunner.attention.triton_attention"], env=env,
-                         capture_output=True, text=True, check=False, timeout=120,
-                         cwd=Path(__file__).resolve().parents[1])
-    assert got.returncode != 0 and "GRAPHRUNNER_ATTN_FOLD_MERGE must be one of 0, 1" in got.stderr, got.stderr

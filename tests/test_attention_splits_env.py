@@ -1,5 +1,6 @@
 """choose_num_splits honours SPLIT_MIN_SEQ_LEN / SPLIT_MIN_KEYS (GRAPHRUNNER_ATTN_SPLIT_MIN_LEN / _MIN_KEYS),
-never exceeds MAX_SPLITS and never splits a launch that already has _TARGET_PROGRAMS programs (CPU only)."""
+never exceeds MAX_SPLITS and never splits a launch that already has _TARGET_PROGRAMS programs; bad values of the
+attention module's environment knobs and switches stop the import with a message naming them (CPU only)."""
 
 from __future__ import annotations
 
@@ -84,3 +85,9 @@ def test_env_values_are_read() -> None:
 def test_bad_env_values_are_refused(name: str, raw: str) -> None:
     got = _constants({name: raw})
     assert got.returncode != 0 and f"{name} must be an integer" in got.stderr, got.stderr
+
+
+@pytest.mark.parametrize(("name", "raw"), [("GRAPHRUNNER_ATTN_FOLD_MERGE", "yes"), ("GRAPHRUNNER_ATTN_PREFETCH", "on")])
+def test_bad_switch_values_are_refused(name: str, raw: str) -> None:
+    got = _constants({name: raw})
+    assert got.returncode != 0 and f"{name} must be one of 0, 1, got '{raw}'" in got.stderr, got.stderr
