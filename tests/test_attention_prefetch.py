@@ -1,8 +1,8 @@
 """The key loop's prefetching variant of Triton paged attention (GRAPHRUNNER_ATTN_PREFETCH=1: V and the next tile's
-block ids issued together with K) is bit-equal to the plain loop and matches the PyTorch reference, on awkward
-batches: decode rows, a chunk over a cached prefix in several query tiles, KV splits, a sliding window, more
-splits than keys, tiles that end mid-block, and block tables scattered over the pool; on a GPU an engine gives the
-same greedy tokens with it on and off, through graphs and eager.
+block ids issued together with K) is bit-equal to the plain loop and matches the PyTorch reference, at 32 and 64
+keys per iteration, on awkward batches: decode rows, a chunk over a cached prefix in several query tiles, KV
+splits, a sliding window, more splits than keys, tiles that end mid-block, and block tables scattered over the
+pool; on a GPU an engine gives the same greedy tokens with it on and off, through graphs and eager.
 """
 
 from __future__ import annotations
@@ -29,9 +29,11 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
     ([1], [3], 7, None, 16),  # more splits than keys
     ([65], [65], 1, None, 16),  # a whole prompt, one key past a tile
 ])
+@pytest.mark.parametrize("tile", [32, 64])  # keys per iteration (GRAPHRUNNER_ATTN_TILE)
 def test_prefetching_loop_is_bit_equal_to_the_plain_loop(monkeypatch: pytest.MonkeyPatch, query_lens: list[int],
                                                          context_lens: list[int], num_splits: int,
-                                                         window: int | None, block_size: int) -> None:
+                                                         window: int | None, block_size: int, tile: int) -> None:
+    monkeypatch.setattr(triton_attention, "TILE_N", tile)
     hq, hkv, d = 6, 2, 24  # GQA group 3, head dim not a power of two
     meta, caches = contiguous_batch(query_lens, context_lens, 1, hkv, d, block_size, torch.float32, DEVICE)
     g = torch.Generator().manual_seed(sum(context_lens) + 31 * num_splits + block_size)

@@ -81,7 +81,8 @@ def test_env_values_are_read() -> None:
 
 
 @pytest.mark.parametrize(("name", "raw"), [("GRAPHRUNNER_ATTN_SPLIT_MIN_LEN", "0"),
-                                           ("GRAPHRUNNER_ATTN_SPLIT_MIN_KEYS", "8")])
+                                           ("GRAPHRUNNER_ATTN_SPLIT_MIN_KEYS", "8"),
+                                           ("GRAPHRUNNER_ATTN_WARPS", "6"), ("GRAPHRUNNER_ATTN_TILE", "48")])
 def test_bad_env_values_are_refused(name: str, raw: str) -> None:
     got = _constants({name: raw})
     assert got.returncode != 0 and f"{name} must be an integer" in got.stderr, got.stderr

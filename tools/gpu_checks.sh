@@ -31,6 +31,8 @@
 #   bash tools/gpu_checks.sh p1-ab      # prefetching attention loop off / on: tests, attention sweep, P1 phases, L1/L2
 #   bash tools/gpu_checks.sh l1-split   # short-context decode splits, L1/L2 A/B (prefetch, split min length), T1 +- cache
 #   bash tools/gpu_checks.sh final15    # this session's defaults: kernel + GPU engine tests, P1 phases, L1/L2 +- prefetch
+#   bash tools/gpu_checks.sh attn-spills # attention warps x tile x prefetch (the kernel spills at 4 warps, 64 keys)
+#   bash tools/gpu_checks.sh attn-best  # then L1/L2 default vs ATTN_BEST="WARPS TILE PREFETCH", and P1 there
 #   bash tools/gpu_checks.sh p1-rows    # P1 with 128-row split prefill tiles vs 64 (+ the attention tests on CUDA)
 #   bash tools/gpu_checks.sh startup    # S1: cold, precompile, warm, eager
 #   bash tools/gpu_checks.sh serve      # offline L1 and T1, then SV1 with the engine loop in a process (needs .whl/)
@@ -43,7 +45,7 @@
 # limit so the last phase still ends (and is tarred) inside the device call:
 #   DEADLINE=560 bash tools/gpu_checks.sh tests-a tests-b
 set -u
-[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-cost | spec-table | gemv | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | final15 | p1-rows | bench2 | startup | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-cost | spec-table | gemv | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | final15 | attn-spills | attn-best | p1-rows | bench2 | startup | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
 OUT=${OUT:-/tmp/out}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 END=$(( $(date +%s) + ${DEADLINE:-100000} ))
@@ -375,6 +377,30 @@ final15)
     > "$R/p1.log" 2>&1
   lat lat_default
   GRAPHRUNNER_ATTN_PREFETCH=0 lat lat_pf0
+  ;;
+attn-spills)
+  model
+  # issue 17 / 14: the attention kernel spills at 4 warps and 64 keys per tile (tools/kernel_resources.py, sm_90
+  # with triton 3.6): decode (b = 1, 8) and the prefix-cache hit's chunk per (warps, tile, prefetch); attn-best then
+  # times the engine
+  python3 tools/kernel_resources.py --json "$R/kernel_resources.json" > "$R/kernel_resources.log" 2>&1
+  for w in 4 8; do for t in 32 64; do for pf in 0 1; do
+    GRAPHRUNNER_ATTN_WARPS=$w GRAPHRUNNER_ATTN_TILE=$t GRAPHRUNNER_ATTN_PREFETCH=$pf T 40 python3 \
+      tools/bench_attention_splits.py --batch-sizes 1,8 --contexts 200,330,1024 --splits 1 \
+      --json "$R/attn_dec_w${w}_t${t}_pf$pf.json" > "$R/attn_dec_w${w}_t${t}_pf$pf.log" 2>&1
+    GRAPHRUNNER_ATTN_WARPS=$w GRAPHRUNNER_ATTN_TILE=$t GRAPHRUNNER_ATTN_PREFETCH=$pf T 30 python3 \
+      tools/bench_attention_splits.py --batch-sizes 1 --contexts 4160 --query-len 64 --splits 8,16 \
+      --max-model-len 4168 --json "$R/attn_hit_w${w}_t${t}_pf$pf.json" > "$R/attn_hit_w${w}_t${t}_pf$pf.log" 2>&1
+  done; done; done
+  ;;
+attn-best)
+  model
+  # after attn-spills: L1/L2 with the defaults and with ATTN_BEST="WARPS TILE PREFETCH" (default "8 64 1"), P1 there
+  lat lat_default
+  read -r bw bt bp <<< "${ATTN_BEST:-8 64 1}"
+  GRAPHRUNNER_ATTN_WARPS=$bw GRAPHRUNNER_ATTN_TILE=$bt GRAPHRUNNER_ATTN_PREFETCH=$bp lat lat_best
+  GRAPHRUNNER_ATTN_WARPS=$bw GRAPHRUNNER_ATTN_TILE=$bt GRAPHRUNNER_ATTN_PREFETCH=$bp T 90 python3 \
+    tools/bench_prefix_cache.py --model /tmp/q06 --repeats 5 --phases --json "$R/p1_best.json" > "$R/p1_best.log" 2>&1
   ;;
 p1-rows)
   model

@@ -19,7 +19,13 @@ from graphrunner.env import env_choice, env_number
 from graphrunner.kernel_checks import check_tensor, step_sizes, zeroed_counters
 from graphrunner.pdl import pdl_launch_dependents, pdl_wait, use_pdl
 
-TILE_N = 64            # keys per inner iteration (several paged blocks, gathered per position)
+# keys per inner iteration (several paged blocks, gathered per position), and the main kernel's warps (0: 8 for
+# 128-row tiles, else 4). GRAPHRUNNER_ATTN_TILE / _WARPS set them for measurements: compiled for sm_90 at 4 warps
+# and 64 keys the kernel spills registers, at 8 warps or 32 keys it does not (tools/kernel_resources.py).
+TILE_N = int(env_number("GRAPHRUNNER_ATTN_TILE", 64, integer=True, rule="in (32, 64, 128)",
+                        valid=lambda v: v in (32, 64, 128)))
+ATTN_WARPS = int(env_number("GRAPHRUNNER_ATTN_WARPS", 0, integer=True, rule="in (0, 4, 8)",
+                            valid=lambda v: v in (0, 4, 8)))
 DECODE_ROWS = 16       # tile rows for decode-only batches (tl.dot needs >= 16)
 PREFILL_ROWS = 64      # tile rows for batches with prefill chunks
 # Tile rows for prefill chunks when the KV range is split (a short chunk over a long cached prefix, e.g. a prefix-
@@ -311,7 +317,8 @@ def _launch(query: torch.Tensor, layer_cache: torch.Tensor, query_start_loc: tor
     grid = (num_reqs, triton.cdiv(max(max_query_len, 1), block_q), hkv * num_splits)
     pdl = use_pdl(query.device)
     counters = _counter_buffer(query.device, grid[0] * grid[1] * hkv) if FOLD_MERGE and num_splits > 1 else None
-    warps = 8 if block_m >= 128 else 4  # (a 128-row fp32 accumulator: spread over 8 warps; 64 rows keep 4, as before)
+    # a 128-row fp32 accumulator is spread over 8 warps; 64 rows keep 4, as before (ATTN_WARPS overrides)
+    warps = ATTN_WARPS or (8 if block_m >= 128 else 4)
     _unified_attention_kernel[grid](
         query, k_cache, v_cache, out, part_acc, part_ml, query_start_loc, seq_lens, block_table,
         counters if counters is not None else seq_lens,  # (unused without the folded merge)

@@ -1,0 +1,97 @@
+"""Registers, stack and spill instructions of the Triton paged-attention kernel as the engine launches it at the
+Qwen3-0.6B shape (decode at batch 1 and 8, a prefix-cache hit's 64-token chunk over 4,160 keys), compiled for
+sm_90 on any machine (no GPU: Triton's compiler and its bundled cuobjdump / nvdisasm), for each variant of the
+launch knobs (warps, keys per tile, the prefetching loop). A kernel that spills keeps part of its state in local
+memory; this says where, so the next device run knows which variants to time. Example:
+    python tools/kernel_resources.py --json kernel_resources.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import itertools
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from graphrunner.attention import triton_attention as ta
+
+HQ, HKV, DIM, BLOCK_SIZE = 16, 8, 128, 16  # Qwen3-0.6B attention, the engine's default block size
+# (name, requests, new tokens each, keys): what the engine launches in L1 / L2 / P1
+SHAPES = (("decode b=1 ctx=330", 1, 1, 330), ("decode b=8 ctx=330", 8, 1, 330), ("hit 64 over 4160", 1, 64, 4160))
+
+
+def launch_constexprs(num_reqs: int, q_len: int, keys: int, tile: int, prefetch: bool) -> tuple[dict[str, Any], int]:
+    """The constexprs and default warps `_launch` picks for this step (its rules, this module's knobs)."""
+    group = HQ // HKV
+    tiles = num_reqs * ta.query_tiles(q_len, group)
+    splits = ta.choose_num_splits(tiles, HKV, keys)
+    rows = ta.DECODE_ROWS if q_len <= 1 else ta.SPLIT_PREFILL_ROWS if splits > 1 else ta.PREFILL_ROWS
+    block_m = max(rows, triton.next_power_of_2(group))
+    consts = {"GROUP": group, "HEAD_DIM": DIM, "D_PAD": DIM, "BLOCK_SIZE": BLOCK_SIZE, "BLOCK_Q": block_m // group,
+              "BLOCK_M": block_m, "TILE": max(tile, BLOCK_SIZE), "NUM_SPLITS": splits, "USE_WINDOW": False,
+              "USE_SOFTCAP": False, "FP32_DOT": False, "PDL": True, "FOLD_MERGE": False, "PREFETCH": prefetch}
+    return consts, 8 if block_m >= 128 else 4
+
+
+def signature(consts: dict[str, Any]) -> dict[str, str]:
+    pointers = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "out_ptr": "*bf16", "part_acc_ptr": "*fp32",
+                "part_ml_ptr": "*fp32", "qsl_ptr": "*i32", "seq_lens_ptr": "*i32", "block_table_ptr": "*i32",
+                "counter_ptr": "*i32", "scale": "fp32", "softcap": "fp32"}
+    params = inspect.signature(ta._unified_attention_kernel.fn).parameters
+    return {n: "constexpr" if n in consts else pointers.get(n, "i32") for n in params}
+
+
+def resources(consts: dict[str, Any], warps: int) -> dict[str, int]:
+    """REG / STACK from cuobjdump -res-usage and the local-memory instructions (LDL / STL) in the SASS."""
+    compiled = triton.compile(ASTSource(fn=ta._unified_attention_kernel, signature=signature(consts),
+                                        constexprs=consts), target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": warps})
+    bindir = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = os.path.join(tmp, "k.cubin")
+        Path(cubin).write_bytes(compiled.asm["cubin"])
+        usage = subprocess.run([str(bindir / "cuobjdump"), "-res-usage", cubin], capture_output=True, text=True,
+                               check=True).stdout
+        sass = subprocess.run([str(bindir / "nvdisasm"), cubin], capture_output=True, text=True, check=True).stdout
+    fields = dict(tok.split(":") for line in usage.splitlines() if "REG:" in line for tok in line.split())
+    return {"registers": int(fields["REG"]), "stack_bytes": int(fields["STACK"]),
+            "spill_instructions": sass.count("LDL") + sass.count("STL")}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--warps", default="4,8", help="num_warps values (the engine's pick is marked *)")
+    ap.add_argument("--tiles", default="32,64", help="keys per iteration (GRAPHRUNNER_ATTN_TILE)")
+    ap.add_argument("--json", default="kernel_resources.json")
+    args = ap.parse_args()
+    rows = []
+    for (name, b, q, keys), warps, tile, prefetch in itertools.product(
+            SHAPES, [int(w) for w in args.warps.split(",")], [int(t) for t in args.tiles.split(",")], (False, True)):
+        consts, engine_warps = launch_constexprs(b, q, keys, tile, prefetch)
+        row = {"shape": name, "warps": warps, "tile": tile, "prefetch": prefetch,
+               "splits": consts["NUM_SPLITS"], "block_m": consts["BLOCK_M"],
+               "engine_launch": warps == (ta.ATTN_WARPS or engine_warps) and tile == ta.TILE_N
+               and prefetch == ta.PREFETCH_KV, **resources(consts, warps)}
+        rows.append(row)
+        print(f"{name:<20} warps {warps} tile {tile:<3} prefetch {int(prefetch)} splits {row['splits']:<2}: "
+              f"{row['registers']:3d} registers, {row['stack_bytes']:4d} B stack, {row['spill_instructions']:3d} "
+              f"spill instructions{'  *' if row['engine_launch'] else ''}", flush=True)
+    Path(args.json).write_text(json.dumps({"script": "kernel_resources", "triton": triton.__version__,
+                                           "rows": rows}, indent=1))
+    print(f"wrote {args.json} (* = what the engine launches with the current knobs)")
+
+
+if __name__ == "__main__":
+    main()
