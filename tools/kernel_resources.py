@@ -1,8 +1,9 @@
 """Registers, stack and spill instructions of the Triton paged-attention kernel as the engine launches it at the
-Qwen3-0.6B shape (decode at batch 1 and 8, a prefix-cache hit's 64-token chunk over 4,160 keys), compiled for
-sm_90 on any machine (no GPU: Triton's compiler and its bundled cuobjdump / nvdisasm), for each variant of the
-launch knobs (warps, keys per tile, the prefetching loop). A kernel that spills keeps part of its state in local
-memory; this says where, so the next device run knows which variants to time. Example:
+Qwen3-0.6B shape (decode at batch 1 and 8, a prefix-cache hit's 64-token chunk over 4,160 keys), for each variant of
+the launch knobs (warps, keys per tile, the prefetching loop), and of the small-M GEMV at every config of its tuned
+table; compiled for sm_90 on any machine (no GPU: Triton's compiler and its bundled cuobjdump / nvdisasm). A kernel
+that spills keeps part of its state in local memory; this says where, so the next device run knows which variants
+to time. Example:
     python tools/kernel_resources.py --json kernel_resources.json
 """
 
@@ -53,11 +54,10 @@ def signature(consts: dict[str, Any]) -> dict[str, str]:
     return {n: "constexpr" if n in consts else pointers.get(n, "i32") for n in params}
 
 
-def resources(consts: dict[str, Any], warps: int) -> dict[str, int]:
+def resources(kernel: Any, sig: dict[str, str], consts: dict[str, Any], options: dict[str, int]) -> dict[str, int]:
     """REG / STACK from cuobjdump -res-usage and the local-memory instructions (LDL / STL) in the SASS."""
-    compiled = triton.compile(ASTSource(fn=ta._unified_attention_kernel, signature=signature(consts),
-                                        constexprs=consts), target=GPUTarget("cuda", 90, 32),
-                              options={"num_warps": warps})
+    compiled = triton.compile(ASTSource(fn=kernel, signature=sig, constexprs=consts), target=GPUTarget("cuda", 90, 32),
+                              options=options)
     bindir = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
     with tempfile.TemporaryDirectory() as tmp:
         cubin = os.path.join(tmp, "k.cubin")
@@ -68,6 +68,32 @@ def resources(consts: dict[str, Any], warps: int) -> dict[str, int]:
     fields = dict(tok.split(":") for line in usage.splitlines() if "REG:" in line for tok in line.split())
     return {"registers": int(fields["REG"]), "stack_bytes": int(fields["STACK"]),
             "spill_instructions": sass.count("LDL") + sass.count("STL")}
+
+
+def gemv_rows() -> list[dict[str, Any]]:
+    """The small-M GEMV at each config of its tuned table (models/gemv_configs.json), at M = 1 and its max_m, with
+    the MLP activation prologue where it applies (the down projection, K = 3072 at the 0.6B shape)."""
+    from graphrunner.models import gemv
+
+    ptrs = {"x_ptr": "*bf16", "w_ptr": "*bf16", "b_ptr": "*bf16", "norm_ptr": "*bf16", "out_ptr": "*bf16",
+            "part_ptr": "*fp32", "counter_ptr": "*i32", "eps": "fp32"}
+    params = inspect.signature(gemv._gemv_kernel.fn).parameters
+    rows = []
+    for entry in json.loads(gemv.TUNED_CONFIGS_FILE.read_text()):
+        for cfg in entry["configs"]:
+            for m, act in itertools.product(sorted({1, cfg["max_m"]}), (False, True) if entry["K"] == 3072 else (False,)):
+                consts = {"M_PAD": 16 if cfg["use_dot"] else triton.next_power_of_2(m), "BLOCK_N": cfg["block_n"],
+                          "BLOCK_K": cfg["block_k"], "SPLIT": cfg["split_k"] > 1, "HAS_BIAS": False,
+                          "USE_DOT": cfg["use_dot"], "NORM": False, "ACT": act, "PDL": True}
+                sig = {n: "constexpr" if n in consts else ptrs.get(n, "i32") for n in params}
+                row = {"N": entry["N"], "K": entry["K"], "M": m, "act": act, "config": cfg,
+                       **resources(gemv._gemv_kernel, sig, consts,
+                                   {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]})}
+                rows.append(row)
+                print(f"gemv N={row['N']:<5} K={row['K']:<5} M={m} act {int(act)} block_n {cfg['block_n']:<3} "
+                      f"block_k {cfg['block_k']:<5} dot {int(cfg['use_dot'])}: {row['registers']:3d} registers, "
+                      f"{row['stack_bytes']:4d} B stack, {row['spill_instructions']:3d} spill instructions", flush=True)
+    return rows
 
 
 def main() -> None:
@@ -83,13 +109,15 @@ def main() -> None:
         row = {"shape": name, "warps": warps, "tile": tile, "prefetch": prefetch,
                "splits": consts["NUM_SPLITS"], "block_m": consts["BLOCK_M"],
                "engine_launch": warps == (ta.ATTN_WARPS or engine_warps) and tile == ta.TILE_N
-               and prefetch == ta.PREFETCH_KV, **resources(consts, warps)}
+               and prefetch == ta.PREFETCH_KV,
+               **resources(ta._unified_attention_kernel, signature(consts), consts, {"num_warps": warps})}
         rows.append(row)
         print(f"{name:<20} warps {warps} tile {tile:<3} prefetch {int(prefetch)} splits {row['splits']:<2}: "
               f"{row['registers']:3d} registers, {row['stack_bytes']:4d} B stack, {row['spill_instructions']:3d} "
               f"spill instructions{'  *' if row['engine_launch'] else ''}", flush=True)
+    gemv = gemv_rows()
     Path(args.json).write_text(json.dumps({"script": "kernel_resources", "triton": triton.__version__,
-                                           "rows": rows}, indent=1))
+                                           "rows": rows, "gemv": gemv}, indent=1))
     print(f"wrote {args.json} (* = what the engine launches with the current knobs)")
 
 
