@@ -50,3 +50,49 @@ def extend_block_hashes(hashes: list[BlockHash], token_ids: list[int] | array, n
     for i in range(end - first):
         parent = _hash_packed(parent, buf[i * width:(i + 1) * width], salt)
         hashes.append(parent)
+
+
+class RecentKeys:
+    """The block keys of recently admitted prompts, found again by comparing token ids instead of hashing.
+
+    A prompt whose first block (and salt) matches a remembered one takes the keys of the whole blocks both share
+    (their longest common prefix, found by a binary search of C-speed array comparisons, as SGLang's radix cache
+    matches prefixes by comparison) and hashes only the rest: a repeated 4K-token system prompt costs one SHA-256
+    instead of 256 (~0.3 ms of host time per request on the H200's host). Equal tokens under an equal first key give
+    equal keys, so the result is exactly extend_block_hashes'. At most `capacity` prompts, least recent out first.
+    """
+
+    def __init__(self, block_size: int, capacity: int = 16) -> None:
+        self.block_size = block_size
+        self.capacity = capacity
+        self._entries: dict[BlockHash, tuple[array, list[BlockHash]]] = {}  # first key -> (tokens, their keys)
+
+    def keys(self, tokens: array, num_tokens: int, salt: str | None = None) -> list[BlockHash]:
+        """The keys of the full blocks within the first num_tokens of tokens (int32); remembers them."""
+        bs = self.block_size
+        if num_tokens < bs:
+            return []
+        keys: list[BlockHash] = []
+        extend_block_hashes(keys, tokens, bs, bs, salt)  # the first key: it carries the salt
+        seen = self._entries.pop(keys[0], None)
+        if seen is not None:
+            old_tokens, old_keys = seen
+            lo, hi = 1, min(num_tokens // bs, len(old_keys))  # blocks known shared (the first), at most shareable
+            while lo < hi:  # the largest shared block count: prefix equality is monotone in the count
+                mid = (lo + hi + 1) // 2
+                if tokens[:mid * bs] == old_tokens[:mid * bs]:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            keys = old_keys[:lo]
+        extend_block_hashes(keys, tokens[len(keys) * bs:], num_tokens, bs, salt, start=len(keys) * bs)
+        if seen is not None and len(seen[1]) > len(keys):  # keep the longer of the two as the remembered prompt
+            self._entries[keys[0]] = seen
+        else:
+            self._entries[keys[0]] = (tokens, keys)
+        while len(self._entries) > self.capacity:
+            del self._entries[next(iter(self._entries))]
+        return list(keys)
+
+    def clear(self) -> None:
+        self._entries.clear()

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from graphrunner.config import SchedulerConfig
 from graphrunner.kv_cache import BlockPool, blocks_needed
-from graphrunner.prefix_cache import extend_block_hashes
+from graphrunner.prefix_cache import RecentKeys, extend_block_hashes
 from graphrunner.request import Request, RequestStatus
 from graphrunner.spec_config import SpeculativeConfig
 
@@ -78,6 +78,7 @@ class Scheduler:
                           else 0)
         self.pool = pool
         self.block_size = block_size
+        self.recent_keys = RecentKeys(block_size)  # keys of recent prompts, reused where a new one shares blocks
         self.rows = RowFreeList(config.max_num_seqs)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -208,7 +209,9 @@ class Scheduler:
     def _extend_hashes(self, req: Request, num_tokens: int) -> None:
         """Keys of req's full blocks within its first num_tokens tokens; hashes only the blocks still missing."""
         start = len(req.block_hashes) * self.block_size
-        if num_tokens - start >= self.block_size:
+        if start == 0 and num_tokens >= self.block_size:  # a first admission: a remembered prompt may share blocks
+            req.block_hashes = self.recent_keys.keys(req.token_array(0, num_tokens), num_tokens, req.cache_salt)
+        elif num_tokens - start >= self.block_size:
             extend_block_hashes(req.block_hashes, req.token_array(start, num_tokens), num_tokens, self.block_size,
                                 req.cache_salt, start)
 

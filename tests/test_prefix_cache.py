@@ -222,3 +222,47 @@ def test_token_arrays_give_the_keys_of_the_token_lists() -> None:
     tail = got[:1]
     extend_block_hashes(tail, req.token_array(BS, len(every)), len(every), BS, start=BS)
     assert tail == want
+
+
+def test_recent_keys_equal_hashing_every_block(monkeypatch: pytest.MonkeyPatch) -> None:
+    """RecentKeys (keys of recent prompts found again by comparing tokens) gives exactly extend_block_hashes' keys:
+    prompts sharing 0 tokens, part of a block, 1 block, several blocks, a whole prompt, longer and shorter than the
+    remembered one, under other salts, stopping early (num_tokens), after evictions; and it reuses what it can."""
+    from array import array
+
+    from graphrunner.prefix_cache import RecentKeys
+
+    rng = random.Random(5)
+    base = [rng.randrange(151_936) for _ in range(9 * BS + 7)]
+    memo = RecentKeys(BS, capacity=3)
+    cases = []
+    for shared in (0, 5, BS, 3 * BS + 2, 7 * BS, len(base)):
+        for extra in (0, 1, 2 * BS + 3):
+            cases.append((base[:shared] + [rng.randrange(151_936) for _ in range(extra)], None))
+    cases += [(base, "tenant-1"), (base[:4 * BS], "tenant-1"), (base, None), (base[:BS - 1], None)]
+    rng.shuffle(cases)
+    hashed = 0
+    for tokens, salt in cases:
+        for num_tokens in (len(tokens), len(tokens) - BS // 2):
+            if num_tokens < 0:
+                continue
+            want: list[bytes] = []
+            extend_block_hashes(want, tokens, num_tokens, BS, salt)
+            got = memo.keys(array("i", tokens), num_tokens, salt)
+            assert got == want, (len(tokens), num_tokens, salt)
+            hashed += 1
+    assert hashed > 30
+    # a repeat of a remembered prompt re-hashes only its first block
+    import graphrunner.prefix_cache as pc
+
+    memo.keys(array("i", base), len(base), None)
+    calls = []
+    real = pc._hash_packed
+
+    def counting(parent, packed, salt):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        return real(parent, packed, salt)
+
+    monkeypatch.setattr(pc, "_hash_packed", counting)
+    again = memo.keys(array("i", base + [1, 2, 3]), len(base) + 3, None)
+    assert len(calls) == 1 and len(again) == len(base + [1, 2, 3]) // BS
