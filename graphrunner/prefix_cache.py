@@ -85,7 +85,7 @@ class RecentKeys:
                 else:
                     hi = mid - 1
             keys = old_keys[:lo]
-        extend_block_hashes(keys, tokens[len(keys) * bs:], num_tokens, bs, salt, start=len(keys) * bs)
+        extend_block_hashes(keys, tokens, num_tokens, bs, salt)  # the blocks past the shared ones
         if seen is not None and len(seen[1]) > len(keys):  # keep the longer of the two as the remembered prompt
             self._entries[keys[0]] = seen
         else:
@@ -93,6 +93,3 @@ class RecentKeys:
         while len(self._entries) > self.capacity:
             del self._entries[next(iter(self._entries))]
         return list(keys)
-
-    def clear(self) -> None:
-        self._entries.clear()

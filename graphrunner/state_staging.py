@@ -85,7 +85,7 @@ def _apply_staged_kernel(
     num_tokens_ptr, num_computed_ptr, prompt_len_ptr, top_k_ptr, num_drafts_ptr,  # [R] int32 each
     floats_ptr, floats_stride,  # [NUM_FLOAT_FIELDS, R] float32
     seeds_ptr,  # [R] int64
-    WIDTH: tl.constexpr, NUM_FLOATS: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr,
+    WIDTH: tl.constexpr, F0: tl.constexpr, NUM_FLOATS: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr,
 ):
     pid = tl.program_id(0)
     if pid < n_tok:
@@ -103,11 +103,11 @@ def _apply_staged_kernel(
             tl.store(prompt_len_ptr + row, tl.load(src + 3, mask=ok), mask=ok)
             tl.store(top_k_ptr + row, tl.load(src + 4, mask=ok), mask=ok)
             tl.store(num_drafts_ptr + row, tl.load(src + 5, mask=ok), mask=ok)
-            for f in tl.static_range(NUM_FLOATS):
-                bits = tl.load(src + 6 + f, mask=ok)
+            for f in tl.static_range(NUM_FLOATS):  # F0: the first float word (pack_new_row's layout)
+                bits = tl.load(src + F0 + f, mask=ok)
                 tl.store(floats_ptr + f * floats_stride + row, bits.to(tl.float32, bitcast=True), mask=ok)
-            lo = tl.load(src + 6 + NUM_FLOATS, mask=ok).to(tl.int64) & 0xFFFFFFFF
-            hi = tl.load(src + 7 + NUM_FLOATS, mask=ok).to(tl.int64)
+            lo = tl.load(src + F0 + NUM_FLOATS, mask=ok).to(tl.int64) & 0xFFFFFFFF
+            hi = tl.load(src + F0 + NUM_FLOATS + 1, mask=ok).to(tl.int64)
             tl.store(seeds_ptr + row, (hi << 32) | lo, mask=ok)
 
 
@@ -130,7 +130,7 @@ def apply_staged_triton(tokens: RaggedSection, blocks: RaggedSection, new_rows: 
         tokens.dst, tokens.dst.stride(0), tokens.rows, tokens.starts, tokens.cu_lens, tokens.values, n_tok,
         blocks.dst, blocks.dst.stride(0), blocks.rows, blocks.starts, blocks.cu_lens, blocks.values, n_blk,
         new_rows, n_new, *dst.ints, dst.floats, dst.floats.stride(0), dst.seeds,
-        WIDTH=ROW_WIDTH, NUM_FLOATS=NUM_FLOAT_FIELDS, ROWS=_ROWS_PER_ITER, BLOCK=_BLOCK,
+        WIDTH=ROW_WIDTH, F0=1 + NUM_INT_FIELDS, NUM_FLOATS=NUM_FLOAT_FIELDS, ROWS=_ROWS_PER_ITER, BLOCK=_BLOCK,
     )
 
 

@@ -1,8 +1,8 @@
 """The persistent per-request state table on the device, and its staged host writes.
 
 Each live request owns one row for its whole life. The host never writes rows directly: it
-stages (row, column, values) diffs, and `apply_staged()` ships them in one pinned H2D copy and
-applies them with the ragged-write kernel, in stream order with the steps around them.
+stages (row, column, values) diffs and new rows' fields, and `apply_staged()` ships them in one pinned H2D copy
+and applies them with one kernel (graphrunner.state_staging), in stream order with the steps around them.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """Host wall time per engine phase of one call (benchmark-only instrumentation), to see where a request's
 latency goes outside the device: intake, scheduling, staging, the launch, the wait for the device, output processing.
 
-`PhaseTimer(llm)` wraps a fixed set of methods of one engine instance (and AsyncStepOutput.result); `calls()` gives
-the per-call sums of each phase since the last `reset()`; `close()` undoes the patches. Nested phases overlap
+`PhaseTimer(llm)` wraps a fixed set of methods of one engine instance (and AsyncStepOutput.result); after each
+measured call `end_call(wall_s)` closes its phase sums, `medians_ms()` / `table()` give the medians over the calls
+since the last `reset()`; `close()` undoes the patches. Nested phases overlap
 (`execute` holds `stage`; `process` holds `wait`): the table names them so.
 """
 
