@@ -161,12 +161,12 @@ spec-cost)
   ;;
 spec-table)
   model
-  proposers
+  [ "${SPEC_METHODS:-all}" = ngram ] || proposers
   # issue 16: the kernel table of a k = 4 verify step per proposer next to a plain decode step's (where the verify
   # step's extra time goes: the 5-token forward, the rejection sampler, the proposer's layers and glue)
   T 150 python3 tools/bench_step_breakdown.py --model /tmp/q06 --profile-steps 100 --json "$R/plain.json" \
     --trace /tmp/trace_plain.json > "$R/plain.log" 2>&1
-  for m in ngram eagle draft_model; do
+  for m in ${SPEC_METHODS:-ngram eagle draft_model}; do
     d=/tmp/q06draft; [ "$m" = eagle ] && d=/tmp/q06eagle
     T 150 python3 tools/bench_step_breakdown.py --model /tmp/q06 --profile-steps 100 --speculative-method "$m" \
       --draft-model "$d" --json "$R/verify_$m.json" --trace "/tmp/trace_$m.json" > "$R/verify_$m.log" 2>&1
