@@ -9,6 +9,7 @@
 #   bash tools/gpu_checks.sh spec-bench # ... then, on the same warm machine, TPOT per proposer on held-out text
 #   bash tools/gpu_checks.sh spec-cost  # the proposers' GPU tests, then a k = 4 verify step vs a plain decode step
 #                                       # per proposer on the Qwen3-0.6B shape (carry data/cache/demo_corpus)
+#   bash tools/gpu_checks.sh rej        # the rejection kernels: walk vs split, copy workload both ways, k = 8
 #   bash tools/gpu_checks.sh spec-table # kernel tables of those verify steps next to a plain decode step's (same carry)
 #   bash tools/gpu_checks.sh gemv       # the GEMV kernel tests on CUDA, then its launch-shape sweep vs cuBLAS per
 #                                       # 0.6B layer shape (the tuned table: $OUT/gemv/gemv_configs.json)
@@ -45,7 +46,7 @@
 # limit so the last phase still ends (and is tarred) inside the device call:
 #   DEADLINE=560 bash tools/gpu_checks.sh tests-a tests-b
 set -u
-[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-cost | spec-table | gemv | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | final15 | attn-spills | attn-best | p1-rows | bench2 | startup | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-cost | spec-table | rej | gemv | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | final15 | attn-spills | attn-best | p1-rows | bench2 | startup | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
 OUT=${OUT:-/tmp/out}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 END=$(( $(date +%s) + ${DEADLINE:-100000} ))
@@ -171,6 +172,26 @@ spec-table)
     T 150 python3 tools/bench_step_breakdown.py --model /tmp/q06 --profile-steps 100 --speculative-method "$m" \
       --draft-model "$d" --json "$R/verify_$m.json" --trace "/tmp/trace_$m.json" > "$R/verify_$m.log" 2>&1
   done
+  ;;
+rej)
+  model
+  # issue 16: the verify step's rejection kernels (the walk cost 564 us of a k = 4 n-gram verify step in the
+  # sixteenth session's kernel table): kernel times, the copy workload split vs walk and at k = 8, the verify
+  # step's table with exclusive times (PDL off), then the rejection and spec GPU tests with the split kernel
+  T 60 python3 tools/bench_sampler.py --rejection --batch-sizes 1,8,64 --k 4 --json "$R/rejection.json" \
+    > "$R/rejection.log" 2>&1
+  for sr in 1 0; do
+    GRAPHRUNNER_SPLIT_REJECTION=$sr T 150 python3 tools/bench_spec.py --model /tmp/q06 --no-peer --method ngram \
+      --workloads copy --batch-sizes 1 --k 4 --repeats 2 --json "$R/copy_split$sr.json" > "$R/copy_split$sr.log" 2>&1
+  done
+  GRAPHRUNNER_SPLIT_REJECTION=1 T 150 python3 tools/bench_spec.py --model /tmp/q06 --no-peer --method ngram \
+    --workloads copy --batch-sizes 1 --k 8 --repeats 2 --json "$R/copy_split1_k8.json" > "$R/copy_split1_k8.log" 2>&1
+  GRAPHRUNNER_SPLIT_REJECTION=1 GRAPHRUNNER_PDL=0 T 150 python3 tools/bench_step_breakdown.py --model /tmp/q06 \
+    --profile-steps 100 --speculative-method ngram --json "$R/verify_ngram_split.json" \
+    --trace /tmp/trace_ngram_split.json > "$R/verify_ngram_split.log" 2>&1
+  GRAPHRUNNER_SPLIT_REJECTION=1 T 240 python3 -m pytest -q -p no:cacheprovider tests/test_rejection_sampler.py \
+    tests/test_spec_decode_graphs.py > "$R/pytest_split.log" 2>&1
+  echo "pytest rc=$?" >> "$R/pytest_split.log"
   ;;
 gemv)
   # issue 17: the small-M GEMV against its reference on CUDA (batch invariance under load included), then every
