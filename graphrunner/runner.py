@@ -204,7 +204,8 @@ class ModelRunner:
         out = verify_sample(logits, batch.sampling, spec, batch.idx_mapping, self.state, self.use_triton,
                             self.logprobs_mode)
         post_update_spec(batch.idx_mapping, batch.num_scheduled, spec.num_spec, out.output_ids, out.num_accepted,
-                         self.state.token_ids, self.state.num_computed, self.state.num_tokens, self.state.penalties)
+                         self.state.token_ids, self.state.num_computed, self.state.num_tokens, self.state.penalties,
+                         self.use_triton)
         self._propose(batch.idx_mapping, inputs, self._forward_shape(batch), hidden)
         plp = batch.prompt_logprobs
         return StepOutput(out.output_ids[:, 0].contiguous(), out.nonfinite, out.logprobs,
@@ -353,7 +354,7 @@ class ModelRunner:
         out = verify_sample(logits, SamplingBatch(layout.expanded_idx, False, False, False, -1), layout, idx,
                             self.state, self.use_triton)
         post_update_spec(idx, counts, layout.num_spec, out.output_ids, out.num_accepted, self.state.token_ids,
-                         self.state.num_computed, self.state.num_tokens, self.state.penalties)
+                         self.state.num_computed, self.state.num_tokens, self.state.penalties, self.use_triton)
         self._propose(idx, inputs, shape, hidden, drafting=True)
         return out.output_ids[:, 0].contiguous(), out.nonfinite, out.output_ids, out.num_accepted, out.num_drafts
 

@@ -67,6 +67,17 @@ def test_greedy_equal_without_speculation(model_case: tuple[Path, list], k: int)
     assert llm.engine.stats.mean_acceptance_length > 1.0
 
 
+def test_greedy_equal_with_the_triton_kernels(model_case: tuple[Path, list]) -> None:
+    """use_triton=True (as on CUDA; the interpreter here): the n-gram kernel, the split rejection kernels and the
+    draft read / write and post-verify update kernels, under a chunked-prefill budget so eager verify steps of
+    several widths meet them. Three prompts: every kernel runs interpreted."""
+    model_dir, ref = model_case
+    llm = LLM(model=model_dir, num_gpu_blocks_override=256, max_num_batched_tokens=13, speculative_config=_spec(4),
+              use_triton=True, attention_backend="triton")
+    assert _tokens(_generate(llm, _prompts()[:3], GREEDY)) == ref[:3]
+    assert _accepted(llm) > 0
+
+
 @pytest.mark.parametrize("k", [1, 3, 5])
 def test_greedy_equal_under_chunked_prefill(model_case: tuple[Path, list], k: int) -> None:
     model_dir, ref = model_case

@@ -13,9 +13,13 @@ import torch
 
 from graphrunner import cli
 from graphrunner.engine_args import EngineArgs, build_engine_config
+from graphrunner.penalty_counts import PenaltyCounts
 from graphrunner.spec_config import SpeculativeConfig
 from graphrunner.spec_decode.layout import build_spec_layout, uniform_spec_layout
 from graphrunner.spec_decode.update import post_update_spec, read_drafts, write_drafts
+
+# the state-update kernels run on CUDA where there is one, else in Triton's interpreter (tests/conftest.py)
+KERNEL_DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 # -- config ---------------------------------------------------------------------------------------------------
 
@@ -109,8 +113,9 @@ def _state(rng: random.Random, num_rows: int, width: int) -> tuple[torch.Tensor,
     return tok, nt, nc
 
 
+@pytest.mark.parametrize("use_triton", [False, True])
 @pytest.mark.parametrize("num_reqs, k, width", [(0, 3, 9), (1, 1, 5), (5, 3, 11), (7, 5, 13)])
-def test_post_update_spec_matches_a_loop(num_reqs: int, k: int, width: int) -> None:
+def test_post_update_spec_matches_a_loop(num_reqs: int, k: int, width: int, use_triton: bool) -> None:
     rng = random.Random(num_reqs * 31 + k)
     tok, nt, nc = _state(rng, 9, width)
     rows = rng.sample(range(9), num_reqs)
@@ -137,15 +142,18 @@ def test_post_update_spec_matches_a_loop(num_reqs: int, k: int, width: int) -> N
                 if want_nt[r] < width:
                     want_tok[r, want_nt[r]] = t
                     want_nt[r] += 1
-    i32 = {"dtype": torch.int32}
+    dev = KERNEL_DEVICE if use_triton else torch.device("cpu")
+    i32 = {"dtype": torch.int32, "device": dev}
     out_t = torch.tensor(out, **i32).view(num_reqs, k + 1)
+    tok, nc, nt = tok.to(dev), nc.to(dev), nt.to(dev)
     post_update_spec(torch.tensor(rows, **i32), torch.tensor(sched, **i32), torch.tensor(spec, **i32), out_t,
-                     torch.tensor(acc, **i32), tok, nc, nt)
-    assert torch.equal(tok, want_tok) and torch.equal(nt, want_nt) and torch.equal(nc, want_nc)
+                     torch.tensor(acc, **i32), tok, nc, nt, use_triton=use_triton)
+    assert torch.equal(tok.cpu(), want_tok) and torch.equal(nt.cpu(), want_nt) and torch.equal(nc.cpu(), want_nc)
 
 
-@pytest.mark.parametrize("num_reqs, k, width", [(0, 2, 7), (1, 3, 6), (6, 5, 10)])
-def test_write_and_read_drafts_match_a_loop(num_reqs: int, k: int, width: int) -> None:
+@pytest.mark.parametrize("use_triton", [False, True])
+@pytest.mark.parametrize("num_reqs, k, width", [(0, 2, 7), (1, 3, 6), (6, 5, 10), (3, 1, 4)])
+def test_write_and_read_drafts_match_a_loop(num_reqs: int, k: int, width: int, use_triton: bool) -> None:
     rng = random.Random(num_reqs + 7 * k)
     tok, nt, _ = _state(rng, 8, width)
     row_nd = torch.full((8,), 9, dtype=torch.int32)
@@ -158,13 +166,50 @@ def test_write_and_read_drafts_match_a_loop(num_reqs: int, k: int, width: int) -
         for j in range(m):
             want_tok[r, int(nt[r]) + j] = d[j]
         want_nd[r] = m
-    i32 = {"dtype": torch.int32}
+    dev = KERNEL_DEVICE if use_triton else torch.device("cpu")
+    i32 = {"dtype": torch.int32, "device": dev}
     idx = torch.tensor(rows, **i32)
-    write_drafts(idx, torch.tensor(drafts, **i32).view(num_reqs, k), torch.tensor(nd, **i32), tok, nt, row_nd)
-    assert torch.equal(tok, want_tok) and torch.equal(row_nd, want_nd)
+    tok, nt, row_nd = tok.to(dev), nt.to(dev), row_nd.to(dev)
+    write_drafts(idx, torch.tensor(drafts, **i32).view(num_reqs, k), torch.tensor(nd, **i32), tok, nt, row_nd,
+                 use_triton)
+    assert torch.equal(tok.cpu(), want_tok) and torch.equal(row_nd.cpu(), want_nd)
     num_spec = torch.tensor([rng.randrange(k + 1) for _ in rows], **i32)
-    got, got_n = read_drafts(idx, num_spec, k, tok, nt, row_nd)
+    got, got_n = read_drafts(idx, num_spec, k, tok, nt, row_nd, use_triton)
+    got, got_n = got.cpu(), got_n.cpu()
     for b, r in enumerate(rows):
         assert int(got_n[b]) == min(int(num_spec[b]), int(want_nd[r]))
         for j in range(int(want_nd[r])):
             assert int(got[b, j]) == drafts[b][j]
+
+
+@pytest.mark.parametrize("num_reqs, k, vocab", [(1, 1, 7), (5, 3, 33), (9, 7, 50)])
+def test_post_update_spec_triton_equals_reference_with_counts_and_padding(num_reqs: int, k: int, vocab: int) -> None:
+    """The Triton update against the reference on one state, output counts included (rows with and without a
+    penalty, repeated tokens in a run, ids outside the vocabulary), with two padding entries that share one row
+    and schedule nothing, as a captured batch's padding does."""
+    rng = random.Random(num_reqs * 13 + k)
+    num_rows, width = num_reqs + 2, 3 * k + 4
+    pad = num_rows - 1
+    tok, nt, nc = _state(rng, num_rows, width)
+    nt[pad], nc[pad] = 1, 0
+    rows = rng.sample(range(num_rows - 1), num_reqs) + [pad, pad]
+    spec = [rng.randrange(k + 1) for _ in range(num_reqs)] + [0, 0]
+    sched = [1 + s for s in spec[:num_reqs]] + [0, 0]
+    acc = [rng.randrange(s + 1) for s in spec[:num_reqs]] + [0, 0]
+    out = [[rng.choice([rng.randrange(vocab), 3, vocab + 2, -1]) if j <= a else -1 for j in range(k + 1)]
+           for a in acc]
+    rep = torch.tensor([rng.choice([1.0, 1.3]) for _ in range(num_rows)])
+    pres, freq = torch.zeros(num_rows), torch.tensor([rng.choice([0.0, 0.5]) for _ in range(num_rows)])
+    results = []
+    for use_triton in (False, True):
+        dev = KERNEL_DEVICE if use_triton else torch.device("cpu")
+        i32 = {"dtype": torch.int32, "device": dev}
+        pen = PenaltyCounts(torch.zeros(num_rows, vocab, **i32), torch.zeros(num_rows, 1, **i32), rep.to(dev),
+                            pres.to(dev), freq.to(dev))
+        state = (tok.clone().to(dev), nc.clone().to(dev), nt.clone().to(dev))
+        post_update_spec(torch.tensor(rows, **i32), torch.tensor(sched, **i32), torch.tensor(spec, **i32),
+                         torch.tensor(out, **i32).view(-1, k + 1), torch.tensor(acc, **i32), *state, pen, use_triton)
+        results.append([t.cpu() for t in (*state, pen.output_counts)])
+    for name, want, got in zip(("token_ids", "num_computed", "num_tokens", "output_counts"), *results):
+        assert torch.equal(want, got), name
+    assert int(results[0][3].sum()) > 0  # the case counted something

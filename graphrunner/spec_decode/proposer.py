@@ -27,4 +27,4 @@ class NgramProposer:
         c, st = self.config, self.state
         drafts, num_drafts = propose_ngram(idx_mapping, st.token_ids, st.num_tokens, c.prompt_lookup_min,
                                            c.prompt_lookup_max, c.num_speculative_tokens, self.use_triton)
-        write_drafts(idx_mapping, drafts, num_drafts, st.token_ids, st.num_tokens, st.num_drafts)
+        write_drafts(idx_mapping, drafts, num_drafts, st.token_ids, st.num_tokens, st.num_drafts, self.use_triton)

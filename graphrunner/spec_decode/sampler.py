@@ -59,7 +59,7 @@ def verify_sample(logits: torch.Tensor, batch: SamplingBatch, layout: SpecLayout
             apply_filters(logits, idx, state.top_k, state.top_p, state.min_p, use_triton)
         temperature = (temperature > 0).float()
     drafts, num_drafts = read_drafts(idx_mapping, layout.num_spec, layout.max_spec, state.token_ids, state.num_tokens,
-                                     state.num_drafts)
+                                     state.num_drafts, use_triton)
     positions = state.num_tokens.index_select(0, rows).long()  # [B] int64: position of each request's first token
     out, num_accepted = rejection_sample(logits, layout.cu_num_logits, drafts, num_drafts, None, temperature,
                                          state.seeds.index_select(0, rows), positions, use_triton)
