@@ -10,6 +10,7 @@
 #   bash tools/gpu_checks.sh spec-cost  # the proposers' GPU tests, then a k = 4 verify step vs a plain decode step
 #                                       # per proposer on the Qwen3-0.6B shape (carry data/cache/demo_corpus)
 #   bash tools/gpu_checks.sh rej        # the rejection kernels: walk vs split, copy workload both ways, k = 8
+#   bash tools/gpu_checks.sh spec16     # spec GPU tests, copy workload at k = 4, 8, 12, verify table, P1 phases
 #   bash tools/gpu_checks.sh spec-table # kernel tables of those verify steps next to a plain decode step's (same carry)
 #   bash tools/gpu_checks.sh gemv       # the GEMV kernel tests on CUDA, then its launch-shape sweep vs cuBLAS per
 #                                       # 0.6B layer shape (the tuned table: $OUT/gemv/gemv_configs.json)
@@ -46,7 +47,7 @@
 # limit so the last phase still ends (and is tarred) inside the device call:
 #   DEADLINE=560 bash tools/gpu_checks.sh tests-a tests-b
 set -u
-[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-cost | spec-table | rej | gemv | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | final15 | attn-spills | attn-best | p1-rows | bench2 | startup | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-cost | spec-table | rej | spec16 | gemv | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | final15 | attn-spills | attn-best | p1-rows | bench2 | startup | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
 OUT=${OUT:-/tmp/out}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 END=$(( $(date +%s) + ${DEADLINE:-100000} ))
@@ -192,6 +193,26 @@ rej)
   GRAPHRUNNER_SPLIT_REJECTION=1 T 240 python3 -m pytest -q -p no:cacheprovider tests/test_rejection_sampler.py \
     tests/test_spec_decode_graphs.py > "$R/pytest_split.log" 2>&1
   echo "pytest rc=$?" >> "$R/pytest_split.log"
+  ;;
+spec16)
+  model
+  # issue 16 after the split rejection default and the state-update kernels: the spec GPU tests and the kernel
+  # files on CUDA, the copy workload at k = 4, 8, 12, the k = 4 verify table (PDL off), then P1 with phases
+  # (issue 14's host-path changes of the fifteenth session)
+  T 200 python3 -m pytest -q -p no:cacheprovider tests/test_spec_decode_units.py tests/test_rejection_sampler.py \
+    tests/test_spec_ngram.py > "$R/pytest_kernels.log" 2>&1
+  echo "pytest rc=$?" >> "$R/pytest_kernels.log"
+  T 240 python3 -m pytest -q -p no:cacheprovider -m gpu --durations=5 tests/test_spec_decode_graphs.py \
+    tests/test_spec_eagle.py tests/test_spec_decode_draft.py > "$R/pytest_spec_gpu.log" 2>&1
+  echo "pytest rc=$?" >> "$R/pytest_spec_gpu.log"
+  for k in ${SPEC_KS:-4 8 12}; do
+    T 120 python3 tools/bench_spec.py --model /tmp/q06 --no-peer --method ngram --workloads copy --batch-sizes 1 \
+      --k "$k" --repeats 2 --json "$R/copy_k$k.json" > "$R/copy_k$k.log" 2>&1
+  done
+  GRAPHRUNNER_PDL=0 T 120 python3 tools/bench_step_breakdown.py --model /tmp/q06 --profile-steps 100 \
+    --speculative-method ngram --json "$R/verify_ngram.json" --trace /tmp/trace_ngram.json > "$R/verify_ngram.log" 2>&1
+  T 90 python3 tools/bench_prefix_cache.py --model /tmp/q06 --repeats 5 --phases --json "$R/p1.json" \
+    > "$R/p1.log" 2>&1
   ;;
 gemv)
   # issue 17: the small-M GEMV against its reference on CUDA (batch invariance under load included), then every
