@@ -200,10 +200,10 @@ spec16)
   # files on CUDA, the copy workload at k = 4, 8, 12, the k = 4 verify table (PDL off), then P1 with phases
   # (issue 14's host-path changes of the fifteenth session)
   T 200 python3 -m pytest -q -p no:cacheprovider tests/test_spec_decode_units.py tests/test_rejection_sampler.py \
-    tests/test_spec_ngram.py > "$R/pytest_kernels.log" 2>&1
+    > "$R/pytest_kernels.log" 2>&1
   echo "pytest rc=$?" >> "$R/pytest_kernels.log"
   T 240 python3 -m pytest -q -p no:cacheprovider -m gpu --durations=5 tests/test_spec_decode_graphs.py \
-    tests/test_spec_eagle.py tests/test_spec_decode_draft.py > "$R/pytest_spec_gpu.log" 2>&1
+    tests/test_spec_eagle.py tests/test_spec_ngram.py > "$R/pytest_spec_gpu.log" 2>&1
   echo "pytest rc=$?" >> "$R/pytest_spec_gpu.log"
   for k in ${SPEC_KS:-4 8 12}; do
     T 120 python3 tools/bench_spec.py --model /tmp/q06 --no-peer --method ngram --workloads copy --batch-sizes 1 \
