@@ -110,3 +110,48 @@ def test_prepare_and_sample_compile_one_variant_for_every_batch() -> None:
         base = base or now
         assert now[0] == base[0], f"a new prepare_inputs variant at batch {b}"
         assert now[1] == base[1], f"a new split-sampler variant at batch {b}"
+
+
+@pytest.mark.gpu
+def test_verify_kernels_compile_one_variant_for_every_draft_width() -> None:
+    """The verify step's kernels meet a new K (the most drafts any request of the step holds: 1 .. k) and batch
+    size from step to step; strides of K and K + 1 must not be specialised on (K = 1, K + 1 = 16)."""
+    from graphrunner.sampling.rejection_split import (
+        _rejection_partial_kernel,
+        _rejection_walk_kernel,
+        rejection_sample_split_triton,
+    )
+    from graphrunner.spec_decode.update import (
+        _post_update_spec_kernel,
+        _read_drafts_kernel,
+        post_update_spec,
+        read_drafts,
+    )
+
+    dev = torch.device("cuda")
+    rows_total, max_len, vocab = 20, 96, 3000
+    token_ids = torch.randint(0, vocab, (rows_total, max_len), dtype=torch.int32, device=dev)
+    num_tokens = torch.full((rows_total,), 40, dtype=torch.int32, device=dev)
+    num_computed = num_tokens - 1
+    row_drafts = torch.full((rows_total,), 16, dtype=torch.int32, device=dev)
+    kernels = (_rejection_partial_kernel, _rejection_walk_kernel, _post_update_spec_kernel, _read_drafts_kernel)
+
+    def variants() -> list[int]:
+        return [sum(len(cache[0]) for cache in k.device_caches.values()) for k in kernels]
+
+    base: list[int] | None = None
+    for b, width in ((1, 4), (3, 1), (2, 15), (5, 16), (16, 7), (4, 1), (1, 15)):
+        idx = torch.arange(b, dtype=torch.int32, device=dev)  # [B] int32
+        num_spec = torch.full((b,), width, dtype=torch.int32, device=dev)  # [B] int32
+        drafts, num_drafts = read_drafts(idx, num_spec, width, token_ids, num_tokens, row_drafts, True)
+        cu = torch.arange(b + 1, dtype=torch.int32, device=dev) * (width + 1)  # [B + 1] int32
+        logits = torch.randn(b * (width + 1), vocab, device=dev)
+        out, acc = rejection_sample_split_triton(logits, cu, drafts, num_drafts, torch.zeros(b, device=dev),
+                                                 torch.zeros(b, dtype=torch.int64, device=dev),
+                                                 num_tokens[:b].long())
+        post_update_spec(idx, num_spec + 1, num_spec, out, acc, token_ids, num_computed, num_tokens, None, True)
+        num_computed.copy_(num_tokens - 1)
+        torch.cuda.synchronize()
+        now = variants()
+        base = base or now  # counted from the first step on (earlier tests may have compiled other variants)
+        assert now == base, f"new variants {now} (first {base}) at batch {b}, K = {width}"

@@ -47,7 +47,7 @@
 # limit so the last phase still ends (and is tarred) inside the device call:
 #   DEADLINE=560 bash tools/gpu_checks.sh tests-a tests-b
 set -u
-[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-cost | spec-table | rej | spec16 | gemv | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | final15 | attn-spills | attn-best | p1-rows | bench2 | startup | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-cost | spec-table | rej | spec16 | spec16b | gemv | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | final15 | attn-spills | attn-best | p1-rows | bench2 | startup | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
 OUT=${OUT:-/tmp/out}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 END=$(( $(date +%s) + ${DEADLINE:-100000} ))
@@ -213,6 +213,21 @@ spec16)
     --speculative-method ngram --json "$R/verify_ngram.json" --trace /tmp/trace_ngram.json > "$R/verify_ngram.log" 2>&1
   T 90 python3 tools/bench_prefix_cache.py --model /tmp/q06 --repeats 5 --phases --json "$R/p1.json" \
     > "$R/p1.log" 2>&1
+  ;;
+spec16b)
+  model
+  # after the stride fix (K and K + 1 no longer specialised): the variant-count GPU test and the kernel files on
+  # CUDA, the copy workload at k = 8 (batch 64 with speculation off above 32) and k = 12
+  T 150 python3 -m pytest -q -p no:cacheprovider tests/test_spec_decode_units.py tests/test_rejection_sampler.py \
+    > "$R/pytest_kernels.log" 2>&1
+  echo "pytest rc=$?" >> "$R/pytest_kernels.log"
+  T 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_kernel_specialisation.py tests/test_spec_ngram.py \
+    > "$R/pytest_gpu.log" 2>&1
+  echo "pytest rc=$?" >> "$R/pytest_gpu.log"
+  T 200 python3 tools/bench_spec.py --model /tmp/q06 --no-peer --method ngram --workloads copy --batch-sizes 1,64 \
+    --disable-by-batch-size 32 --k 8 --repeats 2 --json "$R/copy_k8.json" > "$R/copy_k8.log" 2>&1
+  T 120 python3 tools/bench_spec.py --model /tmp/q06 --no-peer --method ngram --workloads copy --batch-sizes 1 \
+    --k 12 --repeats 2 --json "$R/copy_k12.json" > "$R/copy_k12.log" 2>&1
   ;;
 gemv)
   # issue 17: the small-M GEMV against its reference on CUDA (batch invariance under load included), then every

@@ -14,6 +14,7 @@ import triton.language as tl
 from torch import Tensor
 
 from graphrunner.kernel_checks import check_tensor as _check
+from graphrunner.kernel_checks import step_sizes
 from graphrunner.sampling.gumbel import (
     _BLOCK_V,
     _U_SCALE,
@@ -113,7 +114,7 @@ def _pick(row_ptr, q_row_ptr, vocab_size, temp, greedy, k1, k2, d, residual, m, 
     return tl.where(best_val == float("-inf"), alt_idx, best_idx)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=step_sizes("stride_draft", "stride_out"))  # K and K + 1: the step's most drafts
 def _rejection_kernel(
     logits_ptr,  # [N, V] float32, unit stride along V
     stride_logits,

@@ -38,7 +38,7 @@ SPLIT_REJECTION_ENABLED: bool = env_choice("GRAPHRUNNER_SPLIT_REJECTION", ("0", 
 _NF, _NI = 4, 2  # float partials per (row, chunk): plain max, residual max, softmax max, softmax sum; int: the two picks
 
 
-@triton.jit(do_not_specialize=step_sizes("k1", "chunk", "num_chunks"))
+@triton.jit(do_not_specialize=step_sizes("stride_draft", "k1", "chunk", "num_chunks"))
 def _rejection_partial_kernel(
     logits_ptr,  # [N, V] float32, unit stride along V
     stride_logits,
@@ -107,7 +107,7 @@ def _pick_of(part_f_ptr, part_i_ptr, cell0, offs, msk, WHICH: tl.constexpr):
     return tl.max(vals, axis=0), tl.sum(tl.where(offs == best, idxs, 0), axis=0)
 
 
-@triton.jit(do_not_specialize=step_sizes("k1", "num_chunks"))
+@triton.jit(do_not_specialize=step_sizes("stride_draft", "stride_out", "k1", "num_chunks"))
 def _rejection_walk_kernel(
     logits_ptr,  # [N, V] float32, unit stride along V
     stride_logits,

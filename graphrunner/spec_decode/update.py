@@ -99,7 +99,7 @@ def read_drafts_ref(
 # ---------------------------------------------------------------------------------------------------------------
 
 
-@triton.jit(do_not_specialize=step_sizes("k1"))
+@triton.jit(do_not_specialize=step_sizes("stride_out", "k1"))
 def _post_update_spec_kernel(
     idx_mapping_ptr,  # [B] int32
     num_sched_ptr,  # [B] int32
@@ -139,7 +139,7 @@ def _post_update_spec_kernel(
         tl.atomic_add(counts_ptr + row * vocab_size + tok, tl.full((W_PAD,), 1, tl.int32), mask=add, sem="relaxed")
 
 
-@triton.jit(do_not_specialize=step_sizes("k"))
+@triton.jit(do_not_specialize=step_sizes("stride_drafts", "k"))
 def _write_drafts_kernel(
     idx_mapping_ptr,  # [B] int32
     drafts_ptr,  # [B, k] int32
