@@ -16,7 +16,7 @@ from graphrunner.engine_args import EngineArgs, build_engine_config
 from graphrunner.penalty_counts import PenaltyCounts
 from graphrunner.spec_config import SpeculativeConfig
 from graphrunner.spec_decode.layout import build_spec_layout, uniform_spec_layout
-from graphrunner.spec_decode.update import post_update_spec, read_drafts, write_drafts, write_tail
+from graphrunner.spec_decode.update import post_update_spec, read_drafts, write_drafts
 
 # the state-update kernels run on CUDA where there is one, else in Triton's interpreter (tests/conftest.py)
 KERNEL_DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -213,26 +213,3 @@ def test_post_update_spec_triton_equals_reference_with_counts_and_padding(num_re
     for name, want, got in zip(("token_ids", "num_computed", "num_tokens", "output_counts"), *results):
         assert torch.equal(want, got), name
     assert int(results[0][3].sum()) > 0  # the case counted something
-
-
-@pytest.mark.parametrize("num_reqs, width, dtype", [(1, 1, torch.int64), (6, 1, torch.int64), (5, 7, torch.int32),
-                                                    (13, 3, torch.int64)])
-def test_write_tail_triton_equals_reference(num_reqs: int, width: int, dtype: torch.dtype) -> None:
-    """The draft steps' tail write (int64 tokens from an argmax, one column) and wider int32 runs: counts of 0, of
-    the whole width and between, starts from 1 (the reference's precondition) to the row's last column."""
-    rng = random.Random(num_reqs * 5 + width)
-    num_rows, max_len = num_reqs + 3, width + 9
-    tok = torch.randint(0, 1000, (num_rows, max_len), dtype=torch.int32)
-    rows = rng.sample(range(num_rows), num_reqs)
-    start = [rng.randrange(1, max_len) for _ in rows]
-    count = [min(rng.randrange(width + 1), max_len - s) for s in start]
-    values = torch.randint(0, 1000, (num_reqs, width), dtype=dtype)
-    results = []
-    for use_triton in (False, True):
-        dev = KERNEL_DEVICE if use_triton else torch.device("cpu")
-        t = tok.clone().to(dev)
-        write_tail(t, torch.tensor(rows, device=dev), torch.tensor(start, device=dev), values.to(dev),
-                   torch.tensor(count, device=dev), use_triton)
-        results.append(t.cpu())
-    assert torch.equal(results[0], results[1])
-    assert not torch.equal(results[0], tok) or sum(count) == 0

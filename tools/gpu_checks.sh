@@ -47,7 +47,7 @@
 # limit so the last phase still ends (and is tarred) inside the device call:
 #   DEADLINE=560 bash tools/gpu_checks.sh tests-a tests-b
 set -u
-[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-cost | spec-table | rej | spec16 | spec16b | spec16c | gemv | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | final15 | attn-spills | attn-best | p1-rows | bench2 | startup | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-cost | spec-table | rej | spec16 | spec16b | gemv | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | final15 | attn-spills | attn-best | p1-rows | bench2 | startup | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
 OUT=${OUT:-/tmp/out}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 END=$(( $(date +%s) + ${DEADLINE:-100000} ))
@@ -228,15 +228,6 @@ spec16b)
     --disable-by-batch-size 32 --k 8 --repeats 2 --json "$R/copy_k8.json" > "$R/copy_k8.log" 2>&1
   T 120 python3 tools/bench_spec.py --model /tmp/q06 --no-peer --method ngram --workloads copy --batch-sizes 1 \
     --k 12 --repeats 2 --json "$R/copy_k12.json" > "$R/copy_k12.log" 2>&1
-  ;;
-spec16c)
-  # the draft steps' tail write as a Triton kernel: the model proposers' GPU tests (EAGLE, draft model under FULL
-  # graphs) and the unit kernels on CUDA
-  T 120 python3 -m pytest -q -p no:cacheprovider tests/test_spec_decode_units.py > "$R/pytest_units.log" 2>&1
-  echo "pytest rc=$?" >> "$R/pytest_units.log"
-  T 240 python3 -m pytest -q -p no:cacheprovider -m gpu --durations=5 tests/test_spec_eagle.py \
-    tests/test_spec_decode_graphs.py > "$R/pytest_spec_gpu.log" 2>&1
-  echo "pytest rc=$?" >> "$R/pytest_spec_gpu.log"
   ;;
 gemv)
   # issue 17: the small-M GEMV against its reference on CUDA (batch invariance under load included), then every

@@ -43,7 +43,7 @@ class DraftSteps:
     def write(self, i: int, tokens: torch.Tensor) -> None:
         """Draft i (tokens [B]) into each row's history tail, where it fits."""
         room = (self.num_tokens + i < self.max_len).to(torch.int64)  # [B] int64
-        write_tail(self.state.token_ids, self.rows, self.num_tokens + i, tokens[:, None], room, self.use_triton)
+        write_tail(self.state.token_ids, self.rows, self.num_tokens + i, tokens[:, None], room)
 
     def finish(self, k: int) -> None:
         """Record how many of the k drafts each row holds (those that fit)."""

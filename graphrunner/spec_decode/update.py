@@ -16,11 +16,10 @@ from graphrunner.kernel_checks import step_sizes
 from graphrunner.penalty_counts import PenaltyCounts, add_output_counts
 
 
-def write_tail_ref(token_ids: Tensor, rows: Tensor, start: Tensor, values: Tensor, count: Tensor) -> None:
+def write_tail(token_ids: Tensor, rows: Tensor, start: Tensor, values: Tensor, count: Tensor) -> None:
     """token_ids[rows[b], start[b] + j] = values[b, j] for j < count[b] (count already fits the row). Columns not
     written are pointed at start - 1 and rewrite their own value there, so no two writes of one row collide with
-    different values (an index_put with colliding indices would be nondeterministic). Needs start >= 1 (a row's
-    history always holds a token; at start 0 that column would collide with the first write)."""
+    different values (an index_put with colliding indices would be nondeterministic)."""
     if rows.shape[0] == 0 or values.shape[1] == 0:
         return
     j = torch.arange(values.shape[1], device=rows.device)[None, :]  # [1, W] int64
@@ -53,7 +52,7 @@ def post_update_spec_ref(
     nt = num_tokens[rows].long()  # [B] int64
     room = (token_ids.shape[1] - nt).clamp(min=0)
     emit = torch.where(nc >= nt, num_accepted.long() + 1, 0).minimum(room)  # [B] int64
-    write_tail_ref(token_ids, rows, nt, output_ids, emit)
+    write_tail(token_ids, rows, nt, output_ids, emit)
     num_tokens[rows] = (nt + emit).to(torch.int32)
     if penalties is not None:
         add_output_counts(idx_mapping, output_ids, emit, penalties)
@@ -74,7 +73,7 @@ def write_drafts_ref(
     rows = idx_mapping.long()  # [B] int64
     nt = num_tokens[rows].long()  # [B] int64
     n = num_drafts.long().minimum((token_ids.shape[1] - nt).clamp(min=0))  # [B] int64
-    write_tail_ref(token_ids, rows, nt, drafts, n)
+    write_tail(token_ids, rows, nt, drafts, n)
     row_num_drafts[rows] = n.to(torch.int32)
 
 
@@ -189,27 +188,6 @@ def _read_drafts_kernel(
     tl.store(num_out_ptr + b, tl.minimum(tl.load(num_spec_ptr + b), tl.load(row_num_drafts_ptr + row)))
 
 
-@triton.jit(do_not_specialize=step_sizes("stride_values", "width"))
-def _write_tail_kernel(
-    token_ids_ptr,  # [R, L] int32
-    stride_tok,
-    rows_ptr,  # [B] int32 / int64
-    start_ptr,  # [B] int32 / int64
-    values_ptr,  # [B, W] int32 / int64
-    stride_values,
-    count_ptr,  # [B] int32 / int64, already fitted to the row
-    width,
-    W_PAD: tl.constexpr,
-):
-    b = tl.program_id(0)
-    row = tl.load(rows_ptr + b).to(tl.int64)
-    start = tl.load(start_ptr + b).to(tl.int64)
-    j = tl.arange(0, W_PAD)
-    m = (j < tl.load(count_ptr + b)) & (j < width)
-    v = tl.load(values_ptr + b.to(tl.int64) * stride_values + j, mask=m, other=0)
-    tl.store(token_ids_ptr + row * stride_tok + start + j, v.to(tl.int32), mask=m)
-
-
 def _pad(n: int) -> int:
     # one compiled variant for every width up to 32 >= MAX_SPEC_TOKENS + 1 (a step's K is the most drafts any of its
     # requests holds, so it varies from step to step: a width-keyed constexpr would compile mid-run)
@@ -219,24 +197,6 @@ def _pad(n: int) -> int:
 # ---------------------------------------------------------------------------------------------------------------
 # Dispatchers: Triton where the runner uses it, the references otherwise.
 # ---------------------------------------------------------------------------------------------------------------
-
-
-def write_tail(token_ids: Tensor, rows: Tensor, start: Tensor, values: Tensor, count: Tensor,
-               use_triton: bool = False) -> None:
-    """write_tail_ref's write (see there), as one Triton launch when use_triton (rows that repeat, padding rows,
-    race only on the padding row's garbage tail, as the reference's colliding index_put would)."""
-    if not use_triton:
-        write_tail_ref(token_ids, rows, start, values, count)
-        return
-    b, w = values.shape
-    if b == 0 or w == 0:
-        return
-    if w > 1 and values.stride(1) != 1:
-        values = values.contiguous()  # [B, W], unit stride along W
-    _write_tail_kernel[(b,)](
-        token_ids, token_ids.stride(0), rows.contiguous(), start.contiguous(), values, values.stride(0),
-        count.contiguous(), w, W_PAD=_pad(w),
-    )
 
 
 def post_update_spec(
