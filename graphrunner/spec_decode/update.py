@@ -19,7 +19,8 @@ from graphrunner.penalty_counts import PenaltyCounts, add_output_counts
 def write_tail(token_ids: Tensor, rows: Tensor, start: Tensor, values: Tensor, count: Tensor) -> None:
     """token_ids[rows[b], start[b] + j] = values[b, j] for j < count[b] (count already fits the row). Columns not
     written are pointed at start - 1 and rewrite their own value there, so no two writes of one row collide with
-    different values (an index_put with colliding indices would be nondeterministic)."""
+    different values (an index_put with colliding indices would be nondeterministic). Needs start >= 1 (a row's
+    history always holds a token; at start 0 that column would collide with the first write)."""
     if rows.shape[0] == 0 or values.shape[1] == 0:
         return
     j = torch.arange(values.shape[1], device=rows.device)[None, :]  # [1, W] int64
