@@ -54,6 +54,15 @@ class PenaltyCounts:
         return num_rows * (vocab_size + mask_words(vocab_size)) * 4
 
 
+def count_kernel_args(pen: PenaltyCounts | None, placeholder: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, int]:
+    """(output_counts, repetition, presence, frequency, vocab_size) for a post-update kernel that counts appended
+    tokens (state_kernels.post_update, spec_decode.update.post_update_spec). Without statistics, `placeholder`
+    stands in for the tensors, which the kernel then never reads (HAS_COUNTS False)."""
+    if pen is None:
+        return placeholder, placeholder, placeholder, placeholder, 0
+    return pen.output_counts, pen.repetition, pen.presence, pen.frequency, pen.vocab_size
+
+
 def _check_fill(rows: Tensor, token_ids: Tensor, prompt_len: Tensor, num_tokens: Tensor, counts: Tensor,
                 prompt_mask: Tensor) -> None:
     dev = token_ids.device

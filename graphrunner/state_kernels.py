@@ -12,7 +12,7 @@ import triton.language as tl
 from torch import Tensor
 
 from graphrunner.kernel_checks import check_tensor as _check
-from graphrunner.penalty_counts import PenaltyCounts
+from graphrunner.penalty_counts import PenaltyCounts, count_kernel_args
 
 _BLOCK = 256  # values written per loop iteration of one ragged-write program
 
@@ -233,13 +233,10 @@ def post_update_triton(
     num_reqs = idx_mapping.shape[0]
     if num_reqs == 0:
         return
-    p = penalties
-    counts, rep, pres, freq = ((p.output_counts, p.repetition, p.presence, p.frequency) if p is not None
-                               else (num_tokens,) * 4)  # unread placeholders
     _post_update_kernel[(num_reqs,)](
         idx_mapping.contiguous(), num_scheduled.contiguous(), sampled.contiguous(), token_ids, token_ids.stride(0),
-        num_computed, num_tokens, token_ids.shape[1], counts, rep, pres, freq, p.vocab_size if p is not None else 0,
-        HAS_COUNTS=p is not None,
+        num_computed, num_tokens, token_ids.shape[1], *count_kernel_args(penalties, num_tokens),
+        HAS_COUNTS=penalties is not None,
     )
 
 

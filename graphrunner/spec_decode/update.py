@@ -13,7 +13,7 @@ import triton.language as tl
 from torch import Tensor
 
 from graphrunner.kernel_checks import step_sizes
-from graphrunner.penalty_counts import PenaltyCounts, add_output_counts
+from graphrunner.penalty_counts import PenaltyCounts, add_output_counts, count_kernel_args
 
 
 def write_tail(token_ids: Tensor, rows: Tensor, start: Tensor, values: Tensor, count: Tensor) -> None:
@@ -134,7 +134,7 @@ def _post_update_spec_kernel(
     tok = tl.load(out_ptr + b.to(tl.int64) * stride_out + j, mask=m, other=0)
     tl.store(token_ids_ptr + row * stride_tok + nt + j, tok, mask=m)
     tl.store(num_tokens_ptr + row, nt + emit)
-    if HAS_COUNTS:
+    if HAS_COUNTS:  # as state_kernels._post_update_kernel, over the run
         active = (tl.load(rep_ptr + row) != 1.0) | (tl.load(pres_ptr + row) != 0.0) | (tl.load(freq_ptr + row) != 0.0)
         add = tl.where(active, m & (tok >= 0) & (tok < vocab_size), False)
         tl.atomic_add(counts_ptr + row * vocab_size + tok, tl.full((W_PAD,), 1, tl.int32), mask=add, sem="relaxed")
@@ -213,15 +213,11 @@ def post_update_spec(
     b, k1 = output_ids.shape
     if b == 0:
         return
-    p = penalties
-    counts, rep, pres, freq = ((p.output_counts, p.repetition, p.presence, p.frequency) if p is not None
-                               else (num_tokens,) * 4)  # unread placeholders
     output_ids = output_ids.contiguous()  # [B, K + 1] int32
     _post_update_spec_kernel[(b,)](
         idx_mapping.contiguous(), num_scheduled.contiguous(), num_spec.contiguous(), output_ids, output_ids.stride(0),
         num_accepted.contiguous(), token_ids, token_ids.stride(0), num_computed, num_tokens, token_ids.shape[1],
-        counts, rep, pres, freq, p.vocab_size if p is not None else 0, k1, W_PAD=_pad(k1),
-        HAS_COUNTS=p is not None,
+        *count_kernel_args(penalties, num_tokens), k1, W_PAD=_pad(k1), HAS_COUNTS=penalties is not None,
     )
 
 
