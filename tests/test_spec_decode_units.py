@@ -147,7 +147,7 @@ def test_post_update_spec_matches_a_loop(num_reqs: int, k: int, width: int, use_
     out_t = torch.tensor(out, **i32).view(num_reqs, k + 1)
     tok, nc, nt = tok.to(dev), nc.to(dev), nt.to(dev)
     post_update_spec(torch.tensor(rows, **i32), torch.tensor(sched, **i32), torch.tensor(spec, **i32), out_t,
-                     torch.tensor(acc, **i32), tok, nc, nt, use_triton=use_triton)
+                     torch.tensor(acc, **i32), tok, nc, nt, None, use_triton)
     assert torch.equal(tok.cpu(), want_tok) and torch.equal(nt.cpu(), want_nt) and torch.equal(nc.cpu(), want_nc)
 
 

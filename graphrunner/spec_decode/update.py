@@ -202,8 +202,7 @@ def _pad(n: int) -> int:
 
 def post_update_spec(
     idx_mapping: Tensor, num_scheduled: Tensor, num_spec: Tensor, output_ids: Tensor, num_accepted: Tensor,
-    token_ids: Tensor, num_computed: Tensor, num_tokens: Tensor, penalties: PenaltyCounts | None = None,
-    use_triton: bool = False,
+    token_ids: Tensor, num_computed: Tensor, num_tokens: Tensor, penalties: PenaltyCounts | None, use_triton: bool,
 ) -> None:
     """post_update_spec_ref's update (see there), as one Triton launch when use_triton."""
     if not use_triton:
@@ -222,7 +221,7 @@ def post_update_spec(
 
 
 def write_drafts(idx_mapping: Tensor, drafts: Tensor, num_drafts: Tensor, token_ids: Tensor, num_tokens: Tensor,
-                 row_num_drafts: Tensor, use_triton: bool = False) -> None:
+                 row_num_drafts: Tensor, use_triton: bool) -> None:
     """write_drafts_ref's write (see there), as one Triton launch when use_triton."""
     if not use_triton:
         write_drafts_ref(idx_mapping, drafts, num_drafts, token_ids, num_tokens, row_num_drafts)
@@ -238,7 +237,7 @@ def write_drafts(idx_mapping: Tensor, drafts: Tensor, num_drafts: Tensor, token_
 
 
 def read_drafts(idx_mapping: Tensor, num_spec: Tensor, max_spec: int, token_ids: Tensor, num_tokens: Tensor,
-                row_num_drafts: Tensor, use_triton: bool = False) -> tuple[Tensor, Tensor]:
+                row_num_drafts: Tensor, use_triton: bool) -> tuple[Tensor, Tensor]:
     """read_drafts_ref's read (see there), as one Triton launch when use_triton."""
     if not use_triton:
         return read_drafts_ref(idx_mapping, num_spec, max_spec, token_ids, num_tokens, row_num_drafts)
