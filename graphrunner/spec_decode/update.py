@@ -239,13 +239,11 @@ def write_drafts(idx_mapping: Tensor, drafts: Tensor, num_drafts: Tensor, token_
 def read_drafts(idx_mapping: Tensor, num_spec: Tensor, max_spec: int, token_ids: Tensor, num_tokens: Tensor,
                 row_num_drafts: Tensor, use_triton: bool) -> tuple[Tensor, Tensor]:
     """read_drafts_ref's read (see there), as one Triton launch when use_triton."""
-    if not use_triton:
-        return read_drafts_ref(idx_mapping, num_spec, max_spec, token_ids, num_tokens, row_num_drafts)
     b, dev = idx_mapping.shape[0], idx_mapping.device
+    if not use_triton or b == 0 or max_spec == 0:  # nothing to launch for the degenerate shapes
+        return read_drafts_ref(idx_mapping, num_spec, max_spec, token_ids, num_tokens, row_num_drafts)
     drafts = torch.empty(b, max_spec, dtype=torch.int32, device=dev)  # [B, K] int32
     num = torch.empty(b, dtype=torch.int32, device=dev)  # [B] int32
-    if b == 0 or max_spec == 0:
-        return drafts, (torch.minimum(num_spec, row_num_drafts[idx_mapping.long()]) if b else num)
     _read_drafts_kernel[(b,)](
         idx_mapping.contiguous(), num_spec.contiguous(), token_ids, token_ids.stride(0), num_tokens, row_num_drafts,
         drafts, num, token_ids.shape[1], max_spec, K_PAD=_pad(max_spec),
