@@ -16,7 +16,7 @@ from graphrunner.engine_args import EngineArgs, build_engine_config
 from graphrunner.penalty_counts import PenaltyCounts
 from graphrunner.spec_config import SpeculativeConfig
 from graphrunner.spec_decode.layout import build_spec_layout, uniform_spec_layout
-from graphrunner.spec_decode.update import post_update_spec, read_drafts, write_drafts
+from graphrunner.spec_decode.update import advance_draft, post_update_spec, read_drafts, write_drafts
 
 # the state-update kernels run on CUDA where there is one, else in Triton's interpreter (tests/conftest.py)
 KERNEL_DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -180,6 +180,43 @@ def test_write_and_read_drafts_match_a_loop(num_reqs: int, k: int, width: int, u
         assert int(got_n[b]) == min(int(num_spec[b]), int(want_nd[r]))
         for j in range(int(want_nd[r])):
             assert int(got[b, j]) == drafts[b][j]
+
+
+@pytest.mark.parametrize("use_triton", [False, True])
+@pytest.mark.parametrize("num_reqs, k, width, dtype", [(0, 2, 6, torch.int64), (1, 1, 5, torch.int64),
+                                                       (5, 4, 9, torch.int32), (9, 7, 11, torch.int64)])
+def test_draft_steps_advance_matches_a_loop(num_reqs: int, k: int, width: int, dtype: torch.dtype,
+                                            use_triton: bool) -> None:
+    """k draft steps' advances (the model proposers' argmax ids, int64 or int32) against a loop: each draft lands
+    at num_tokens + i where the row has room, the next position is num_computed + i + 1 clamped to the last column,
+    and the row's draft count is what fits; rows near the end of their history and a padding entry that repeats a
+    row (writing the same values) included."""
+    rng = random.Random(num_reqs * 17 + k)
+    num_rows = num_reqs + 3
+    tok, nt, nc = _state(rng, num_rows, width)
+    nt[0], nc[0] = width, width - 1  # a row at max_model_len: nothing fits
+    rows = rng.sample(range(num_rows), num_reqs)
+    rows += rows[-1:]  # padding: the last row again, with the same draft
+    drafts = [[rng.randrange(100) for _ in range(k)] for _ in rows[:num_reqs]]
+    drafts += drafts[-1:]
+    want_tok, want_pos, want_nd = tok.clone(), nc.clone(), torch.full((num_rows,), 9, dtype=torch.int32)
+    for r, d in zip(rows, drafts):
+        for i in range(k):
+            if int(nt[r]) + i < width:
+                want_tok[r, int(nt[r]) + i] = d[i]
+        want_pos[r] = min(int(nc[r]) + k, width - 1)
+        want_nd[r] = max(0, min(k, width - int(nt[r])))
+    dev = KERNEL_DEVICE if use_triton else torch.device("cpu")
+    idx = torch.tensor(rows, dtype=torch.int32, device=dev)
+    tok, nt, nc = tok.to(dev), nt.to(dev), nc.to(dev)
+    pos, row_nd = nc.clone(), torch.full((num_rows,), 9, dtype=torch.int32, device=dev)
+    for i in range(k):
+        step_tokens = torch.tensor([d[i] for d in drafts], dtype=dtype, device=dev).view(len(rows))
+        advance_draft(idx, i, i + 1, step_tokens, tok, nc, nt, pos, row_nd, use_triton)
+    assert torch.equal(tok.cpu(), want_tok)
+    assert torch.equal(pos.cpu()[rows], want_pos[rows]) and torch.equal(row_nd.cpu()[rows], want_nd[rows])
+    untouched = [r for r in range(num_rows) if r not in rows]
+    assert torch.equal(pos.cpu()[untouched], nc.cpu()[untouched]) and bool((row_nd.cpu()[untouched] == 9).all())
 
 
 @pytest.mark.parametrize("num_reqs, k, vocab", [(1, 1, 7), (5, 3, 33), (9, 7, 50)])

@@ -166,16 +166,18 @@ def test_head_forward_matches_plain_reference(llama: tuple[Path, Path, list]) ->
     assert not torch.equal(w["embed_tokens.weight"], tw["model.embed_tokens.weight"])
 
 
-@pytest.mark.parametrize("engine", ["chunked", "preempt", "prefix"])
+@pytest.mark.parametrize("engine", ["chunked", "preempt", "prefix", "triton"])
 def test_engine_drafts_equal_the_reference_head(llama: tuple[Path, Path, list], engine: str) -> None:
     """After every proposal, each decoding row's k drafts equal the reference head's over its accepted history.
     disable_by_batch_size=4: the first steps (six requests) only observe; drafting starts as requests finish, so
     the head's KV written while it only observed is checked too. "prefix": a second batch shares whole blocks with
     the first but continues with other tokens (the head's KV at a hit block's last position came from the first
-    batch's next token: that block must be recomputed)."""
+    batch's next token: that block must be recomputed). "triton": chunked, with the step kernels (the draft
+    steps' advance among them) in Triton, as on CUDA (the interpreter here)."""
     target, head, _ = llama
     k = 3
     kwargs = ({"num_gpu_blocks_override": 256, "block_size": 4} if engine == "prefix"
+              else {**ENGINES["chunked"], "use_triton": True} if engine == "triton"
               else {**ENGINES[engine], "enable_prefix_caching": False})
     llm = LLM(model=target, speculative_config=_spec(head, k, disable_by_batch_size=4), **kwargs)
     proposer = llm.engine.runner.proposer

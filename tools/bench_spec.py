@@ -34,7 +34,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workloads", default="copy,random", help="comma list of copy, random, text")
     p.add_argument("--text-ids", default=None, help="text workload: a .npy of token ids (uint16) to cut prompts from")
     p.add_argument("--batch-sizes", default="1,64")
-    p.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
+    p.add_argument("--k", default="4", help="num_speculative_tokens: a comma list runs each against one baseline")
     p.add_argument("--method", default="ngram", choices=("ngram", "draft_model", "eagle"))
     p.add_argument("--draft-model", default=None,
                    help="draft_model: the draft's HF-format directory; eagle: the EAGLE head's directory")
@@ -125,8 +125,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     device = resolve_device(args.device)
     report = Report("bench_spec", vars(args))
-    spec: dict[str, Any] = {"method": args.method, "num_speculative_tokens": args.k,
-                            "disable_by_batch_size": args.disable_by_batch_size}
+    ks = parse_int_list(args.k)
+    spec: dict[str, Any] = {"method": args.method, "disable_by_batch_size": args.disable_by_batch_size}
     if args.method == "ngram":
         spec.update(prompt_lookup_min=args.prompt_lookup_min, prompt_lookup_max=args.prompt_lookup_max)
     else:
@@ -137,19 +137,20 @@ def main(argv: list[str] | None = None) -> None:
     for workload in [w.strip() for w in args.workloads.split(",") if w.strip()]:
         for batch in parse_int_list(args.batch_sizes):
             base = run_case(args, device, workload, batch, None, specs)
-            fast = run_case(args, device, workload, batch, spec, specs)
-            key = f"{workload} b={batch}"
-            peer = "no spec"
-            report.add(Row(key, "TPOT", "ms", False, fast["tpot_ms"], peer, base["tpot_ms"]))
-            report.add(Row(key, "step", "ms", False, fast["step_ms"], peer, base["step_ms"],
-                           note="verify step vs plain decode step"))
-            report.add(Row(key, "mean acceptance length", "tokens", True, fast["mean_acceptance_length"]))
-            report.add(Row(key, "tokens per decode step", "tokens", True, fast["tokens_per_step"]))
-            report.extra.setdefault("cases", {})[key] = {"no_spec": base, "spec": fast}
-            print(f"{workload} b={batch}: TPOT {base['tpot_ms']:.3f} -> {fast['tpot_ms']:.3f} ms "
-                  f"(x{base['tpot_ms'] / fast['tpot_ms']:.2f}), step {base['step_ms']:.3f} -> {fast['step_ms']:.3f} "
-                  f"ms, mean acceptance length {fast['mean_acceptance_length']}, tokens per step "
-                  f"{fast['tokens_per_step']:.2f}", flush=True)
+            for k in ks:
+                fast = run_case(args, device, workload, batch, {**spec, "num_speculative_tokens": k}, specs)
+                key = f"{workload} b={batch}" + (f" k={k}" if len(ks) > 1 else "")
+                peer = "no spec"
+                report.add(Row(key, "TPOT", "ms", False, fast["tpot_ms"], peer, base["tpot_ms"]))
+                report.add(Row(key, "step", "ms", False, fast["step_ms"], peer, base["step_ms"],
+                               note="verify step vs plain decode step"))
+                report.add(Row(key, "mean acceptance length", "tokens", True, fast["mean_acceptance_length"]))
+                report.add(Row(key, "tokens per decode step", "tokens", True, fast["tokens_per_step"]))
+                report.extra.setdefault("cases", {})[key] = {"no_spec": base, "spec": fast}
+                print(f"{workload} b={batch} k={k}: TPOT {base['tpot_ms']:.3f} -> {fast['tpot_ms']:.3f} ms "
+                      f"(x{base['tpot_ms'] / fast['tpot_ms']:.2f}), step {base['step_ms']:.3f} -> "
+                      f"{fast['step_ms']:.3f} ms, mean acceptance length {fast['mean_acceptance_length']}, tokens "
+                      f"per step {fast['tokens_per_step']:.2f}", flush=True)
     report.print_table()
     report.write_json(args.json)
 

@@ -7,9 +7,11 @@
 #   bash tools/gpu_checks.sh spec-ab    # L1 and T1 with Triton specialising per-step kernels (the old way) vs not
 #   bash tools/gpu_checks.sh spec-train # issue 16: train a larger target + an EAGLE head (carry data/cache/demo_corpus)
 #   bash tools/gpu_checks.sh spec-bench # ... then, on the same warm machine, TPOT per proposer on held-out text
+#   bash tools/gpu_checks.sh spec-pair-table # ... the kernel table of the trained pair's EAGLE verify step
 #   bash tools/gpu_checks.sh spec-cost  # the proposers' GPU tests, then a k = 4 verify step vs a plain decode step
 #                                       # per proposer on the Qwen3-0.6B shape (carry data/cache/demo_corpus)
 #   bash tools/gpu_checks.sh rej        # the rejection kernels: walk vs split, copy workload both ways, k = 8
+#   bash tools/gpu_checks.sh spec16c    # the draft steps' advance kernel: unit kernels on CUDA, model proposers' GPU tests
 #   bash tools/gpu_checks.sh spec16     # spec GPU tests, copy workload at k = 4, 8, 12, verify table, P1 phases
 #   bash tools/gpu_checks.sh spec-table # kernel tables of those verify steps next to a plain decode step's (same carry)
 #   bash tools/gpu_checks.sh gemv       # the GEMV kernel tests on CUDA, then its launch-shape sweep vs cuBLAS per
@@ -47,7 +49,7 @@
 # limit so the last phase still ends (and is tarred) inside the device call:
 #   DEADLINE=560 bash tools/gpu_checks.sh tests-a tests-b
 set -u
-[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-cost | spec-table | rej | spec16 | spec16b | gemv | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | final15 | attn-spills | attn-best | p1-rows | bench2 | startup | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-pair-table | spec16c | spec-cost | spec-table | rej | spec16 | spec16b | gemv | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | final15 | attn-spills | attn-best | p1-rows | bench2 | startup | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
 OUT=${OUT:-/tmp/out}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 END=$(( $(date +%s) + ${DEADLINE:-100000} ))
@@ -130,14 +132,29 @@ spec-train)
     --out /tmp/eagle --max-steps "${EAGLE_STEPS:-1500}" > "$R/train_eagle.log" 2>&1
   ;;
 spec-bench)
-  # batch-1 TPOT and mean acceptance length on held-out text for each proposer (batch 64 with
-  # disable_by_batch_size 32: speculation off there), against the same target without speculation
+  # batch-1 TPOT and mean acceptance length on held-out text for each proposer at each k of SPEC_KS against the same
+  # target without speculation, then batch 64 at k = 4 with disable_by_batch_size 32 (speculation off there; the
+  # model proposers still observe every step) for the model proposers
   # SPEC_METHODS picks a subset, so two GPUs of one machine can share the list (CUDA_VISIBLE_DEVICES, OUT apart)
   for m in ${SPEC_METHODS:-eagle draft_model ngram}; do
     d=graphrunner/demo_model; [ "$m" = eagle ] && d=/tmp/eagle
-    T 190 python3 tools/bench_spec.py --model /tmp/target --no-peer --method "$m" --draft-model "$d" \
-      --workloads text --text-ids data/cache/demo_corpus/val.npy --batch-sizes 1,64 --k 4 \
-      --disable-by-batch-size 32 --json "$R/spec_$m.json" > "$R/spec_$m.log" 2>&1
+    T 240 python3 tools/bench_spec.py --model /tmp/target --no-peer --method "$m" --draft-model "$d" \
+      --workloads text --text-ids data/cache/demo_corpus/val.npy --batch-sizes 1 --k "${SPEC_KS:-2,3,4}" \
+      --json "$R/spec_$m.json" > "$R/spec_$m.log" 2>&1
+    [ "$m" = ngram ] && continue
+    T 150 python3 tools/bench_spec.py --model /tmp/target --no-peer --method "$m" --draft-model "$d" \
+      --workloads text --text-ids data/cache/demo_corpus/val.npy --batch-sizes 64 --k 4 \
+      --disable-by-batch-size 32 --json "$R/spec_${m}_b64.json" > "$R/spec_${m}_b64.log" 2>&1
+  done
+  ;;
+spec-pair-table)
+  # the kernel table of a k = 4 EAGLE verify step on the trained pair next to the target's plain decode step
+  T 100 python3 tools/bench_step_breakdown.py --model /tmp/target --profile-steps 100 --json "$R/plain.json" \
+    --trace /tmp/trace_plain.json > "$R/plain.log" 2>&1
+  for m in ${SPEC_METHODS:-eagle}; do
+    d=graphrunner/demo_model; [ "$m" = eagle ] && d=/tmp/eagle
+    T 100 python3 tools/bench_step_breakdown.py --model /tmp/target --profile-steps 100 --speculative-method "$m" \
+      --draft-model "$d" --json "$R/verify_$m.json" --trace "/tmp/trace_$m.json" > "$R/verify_$m.log" 2>&1
   done
   ;;
 spec-cost)
@@ -228,6 +245,15 @@ spec16b)
     --disable-by-batch-size 32 --k 8 --repeats 2 --json "$R/copy_k8.json" > "$R/copy_k8.log" 2>&1
   T 120 python3 tools/bench_spec.py --model /tmp/q06 --no-peer --method ngram --workloads copy --batch-sizes 1 \
     --k 12 --repeats 2 --json "$R/copy_k12.json" > "$R/copy_k12.log" 2>&1
+  ;;
+spec16c)
+  # the draft steps' advance as one Triton launch: the unit kernels on CUDA, then the model proposers' GPU tests
+  # (EAGLE graphs == eager, FULL verify graphs for every proposer, the no-sync loop)
+  T 120 python3 -m pytest -q -p no:cacheprovider tests/test_spec_decode_units.py > "$R/pytest_units.log" 2>&1
+  echo "pytest rc=$?" >> "$R/pytest_units.log"
+  T 300 python3 -m pytest -q -p no:cacheprovider -m gpu --durations=5 tests/test_spec_eagle.py \
+    tests/test_spec_decode_graphs.py > "$R/pytest_spec_gpu.log" 2>&1
+  echo "pytest rc=$?" >> "$R/pytest_spec_gpu.log"
   ;;
 gemv)
   # issue 17: the small-M GEMV against its reference on CUDA (batch invariance under load included), then every

@@ -65,5 +65,4 @@ class DraftModelProposer:
                            seq_lens_upper)
         for i in range(k):
             hidden = self._forward(*steps.inputs(i))  # [B, hidden]
-            steps.write(i, self.draft.model.compute_logits(hidden).argmax(dim=-1).to(torch.int32))
-        steps.finish(k)
+            steps.write(i, self.draft.model.compute_logits(hidden).argmax(dim=-1), next_step=i + 1)

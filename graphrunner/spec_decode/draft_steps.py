@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from graphrunner.input_prep import StepInputs, prepare_inputs
-from graphrunner.spec_decode.update import write_tail
+from graphrunner.spec_decode.update import advance_draft
 from graphrunner.state_table import StateTable
 from graphrunner.step_plan import StepShape
 
@@ -24,28 +24,28 @@ class DraftSteps:
         self.seq_lens_upper = seq_lens_upper
         self.num_reqs = idx_mapping.shape[0]
         self.max_len = st.token_ids.shape[1]
-        self.rows = idx_mapping.long()  # [B] int64
-        self.num_computed = st.num_computed.index_select(0, self.rows)  # [B] int32: each row's last-token position
-        self.num_tokens = st.num_tokens.index_select(0, self.rows).long()  # [B] int64
         self.ones = torch.ones(self.num_reqs, dtype=torch.int32, device=idx_mapping.device)  # [B] int32
-        self.positions = st.num_computed.clone()  # [R] int32, a scratch copy the prep kernel reads
+        # [R] int32: the num_computed each draft step's prep kernel reads; step 0 at each row's last token, then
+        # write() moves it on (a position past the row is clamped to its last one: a request at max_model_len,
+        # nothing is used there)
+        self.positions = st.num_computed.clamp(max=self.max_len - 1)
+        self.prepared = 0  # the step whose position `positions` holds
 
     def inputs(self, i: int) -> tuple[StepInputs, StepShape]:
-        """Step i's one-token inputs; a position past the row is clamped to its last one (a request at
-        max_model_len: nothing is used there)."""
+        """Step i's one-token inputs (at position num_computed + i: step 0, or the `next_step` of the last
+        write)."""
+        if i != self.prepared:
+            raise RuntimeError(f"draft step {i}'s inputs asked for, but step {self.prepared}'s are prepared")
         st, b = self.state, self.num_reqs
-        self.positions.index_copy_(0, self.rows, (self.num_computed + i).clamp(max=self.max_len - 1))
         inputs = prepare_inputs(self.idx_mapping, self.ones, st.token_ids, self.positions, st.block_table,
                                 self.block_size, b, st.block_table.shape[1], self.use_triton)
         shape = StepShape(b, b, (1,) * b, tuple(min(s + i + 1, self.max_len) for s in self.seq_lens_upper))
         return inputs, shape
 
-    def write(self, i: int, tokens: torch.Tensor) -> None:
-        """Draft i (tokens [B]) into each row's history tail, where it fits."""
-        room = (self.num_tokens + i < self.max_len).to(torch.int64)  # [B] int64
-        write_tail(self.state.token_ids, self.rows, self.num_tokens + i, tokens[:, None], room)
-
-    def finish(self, k: int) -> None:
-        """Record how many of the k drafts each row holds (those that fit)."""
-        counts = (self.max_len - self.num_tokens).clamp(0, k).to(torch.int32)  # [B] int32
-        self.state.num_drafts.index_copy_(0, self.rows, counts)
+    def write(self, i: int, tokens: torch.Tensor, next_step: int) -> None:
+        """Draft i (tokens [B]) into each row's history tail, where it fits; the rows' draft counts follow, and the
+        position of step `next_step`, whose inputs are asked for next (one launch on the device)."""
+        st = self.state
+        advance_draft(self.idx_mapping, i, next_step, tokens, st.token_ids, st.num_computed, st.num_tokens,
+                      self.positions, st.num_drafts, self.use_triton)
+        self.prepared = next_step

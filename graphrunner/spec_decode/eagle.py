@@ -91,10 +91,9 @@ class EagleProposer:
         steps = DraftSteps(idx_mapping, st, self.draft.model_state.block_size, self.use_triton, shape.seq_lens)
         tok = self.target.compute_logits(h).argmax(dim=-1)  # [B] int64: the first draft
         for i in range(k):
-            steps.write(i, tok)
+            steps.write(i, tok, next_step=i)  # the head's step i reads draft i
             if i == k - 1:
                 break
             # draft i + 1 from the head at position num_computed + i, reading draft i and the head's last output
             h = self._head(*steps.inputs(i), tok, h)  # [B, H]
             tok = self.target.compute_logits(h).argmax(dim=-1)  # [B] int64
-        steps.finish(k)

@@ -1,7 +1,7 @@
 """State-table updates of speculative decoding, on the device without host syncs: the post-verify update (advance
 each row by its accepted count and append its emitted run), the write of freshly proposed drafts into the
-history's tail (where the next verify step's prep kernel reads them as input tokens) and the read of a step's
-drafts back. Each is one Triton kernel of one program per request next to its PyTorch reference: the references
+history's tail (where the next verify step's prep kernel reads them as input tokens), the model proposers' per
+draft-step advance, and the read of a step's drafts back. Each is one Triton kernel of one program per request next to its PyTorch reference: the references
 are ~15-60 small PyTorch kernels each, ~100 of a verify step's launches (docs/BENCHMARKS.md, sixteenth session).
 """
 
@@ -25,7 +25,8 @@ def write_tail(token_ids: Tensor, rows: Tensor, start: Tensor, values: Tensor, c
         return
     j = torch.arange(values.shape[1], device=rows.device)[None, :]  # [1, W] int64
     mask = j < count[:, None]  # [B, W] bool
-    col = torch.where(mask, start[:, None] + j, (start[:, None] - 1).clamp(min=0))  # [B, W] int64
+    # start - 1 is past the row only when nothing of the row is written (count fits): its last column is then safe
+    col = torch.where(mask, start[:, None] + j, (start[:, None] - 1).clamp(0, token_ids.shape[1] - 1))  # [B, W] int64
     r = rows[:, None].expand_as(col)
     token_ids[r, col] = torch.where(mask, values.to(token_ids.dtype), token_ids[r, col])
 
@@ -76,6 +77,31 @@ def write_drafts_ref(
     n = num_drafts.long().minimum((token_ids.shape[1] - nt).clamp(min=0))  # [B] int64
     write_tail(token_ids, rows, nt, drafts, n)
     row_num_drafts[rows] = n.to(torch.int32)
+
+
+def advance_draft_ref(
+    idx_mapping: Tensor,  # [B] int32 (rows may repeat: padding rows of a captured batch)
+    step: int,  # i of the k draft steps
+    next_step: int,  # the draft step whose inputs are prepared next
+    tokens: Tensor,  # [B] int32 / int64: draft i
+    token_ids: Tensor,  # [R, L] int32, in place
+    num_computed: Tensor,  # [R] int32
+    num_tokens: Tensor,  # [R] int32
+    positions: Tensor,  # [R] int32, in place: the draft steps' scratch num_computed
+    row_num_drafts: Tensor,  # [R] int32, in place
+) -> None:
+    """After draft i: token_ids[row, num_tokens + i] = tokens[b] where that fits the row, positions[row] =
+    num_computed + next_step (the position of the next draft step's token, clamped to the last column: a row at
+    max_model_len uses nothing there) and row_num_drafts[row] = the drafts the row holds so far (i + 1, cut to its
+    room)."""
+    if idx_mapping.shape[0] == 0:
+        return
+    max_len = token_ids.shape[1]
+    rows = idx_mapping.long()  # [B] int64
+    nt = num_tokens[rows].long()  # [B] int64
+    write_tail(token_ids, rows, nt + step, tokens[:, None], (nt + step < max_len).long())
+    positions[rows] = (num_computed[rows] + next_step).clamp(max=max_len - 1)
+    row_num_drafts[rows] = (max_len - nt).clamp(0, step + 1).to(torch.int32)
 
 
 def read_drafts_ref(
@@ -165,6 +191,29 @@ def _write_drafts_kernel(
     tl.store(row_num_drafts_ptr + row, n)
 
 
+@triton.jit(do_not_specialize=step_sizes("step", "next_step"))
+def _advance_draft_kernel(
+    idx_mapping_ptr,  # [B] int32
+    step,
+    next_step,
+    tokens_ptr,  # [B] int32 / int64
+    token_ids_ptr,  # [R, L] int32
+    stride_tok,
+    num_computed_ptr,  # [R] int32
+    num_tokens_ptr,  # [R] int32
+    positions_ptr,  # [R] int32
+    row_num_drafts_ptr,  # [R] int32
+    max_len,
+):
+    b = tl.program_id(0)
+    row = tl.load(idx_mapping_ptr + b).to(tl.int64)
+    nt = tl.load(num_tokens_ptr + row)
+    tok = tl.load(tokens_ptr + b).to(tl.int32)
+    tl.store(token_ids_ptr + row * stride_tok + nt + step, tok, mask=nt + step < max_len)
+    tl.store(positions_ptr + row, tl.minimum(tl.load(num_computed_ptr + row) + next_step, max_len - 1))
+    tl.store(row_num_drafts_ptr + row, tl.minimum(tl.maximum(max_len - nt, 0), step + 1))
+
+
 @triton.jit(do_not_specialize=step_sizes("k"))
 def _read_drafts_kernel(
     idx_mapping_ptr,  # [B] int32
@@ -233,6 +282,24 @@ def write_drafts(idx_mapping: Tensor, drafts: Tensor, num_drafts: Tensor, token_
     _write_drafts_kernel[(b,)](
         idx_mapping.contiguous(), drafts, drafts.stride(0), num_drafts.contiguous(), token_ids, token_ids.stride(0),
         num_tokens, row_num_drafts, token_ids.shape[1], k, K_PAD=_pad(k),
+    )
+
+
+def advance_draft(idx_mapping: Tensor, step: int, next_step: int, tokens: Tensor, token_ids: Tensor,
+                  num_computed: Tensor, num_tokens: Tensor, positions: Tensor, row_num_drafts: Tensor,
+                  use_triton: bool) -> None:
+    """advance_draft_ref's update (see there), as one Triton launch when use_triton (~20 PyTorch kernels per draft
+    step otherwise)."""
+    if not use_triton:
+        advance_draft_ref(idx_mapping, step, next_step, tokens, token_ids, num_computed, num_tokens, positions,
+                          row_num_drafts)
+        return
+    b = idx_mapping.shape[0]
+    if b == 0:
+        return
+    _advance_draft_kernel[(b,)](
+        idx_mapping.contiguous(), step, next_step, tokens.contiguous(), token_ids, token_ids.stride(0), num_computed, num_tokens,
+        positions, row_num_drafts, token_ids.shape[1],
     )
 
 
