@@ -108,8 +108,13 @@ def run_case(args: argparse.Namespace, device: Any, workload: str, batch: int, s
     if res["dynamo_frames_compiled"]:
         print(f"    Dynamo compiled {res['dynamo_frames_compiled']} frame(s) in the timed repeats", flush=True)
     steps[0] = 0
+    graphs = llm.engine.runner.graphs
+    modes = dict(graphs.mode_counts) if graphs is not None else {}
     ours_generate(llm, prompts, args.output_len, 0.0)
     decode_steps = steps[0] - 1  # the first step is the prefill
+    if graphs is not None:  # how the counted run's steps ran (a verify step that missed its FULL graph shows here)
+        res["step_modes"] = {m.name: n - modes.get(m, 0) for m, n in graphs.mode_counts.items() if n - modes.get(m, 0)}
+        print(f"    steps by mode: {res['step_modes']}", flush=True)
     res["decode_steps"] = decode_steps
     res["step_ms"] = res["tpot_ms"] * (args.output_len - 1) / max(1, decode_steps)
     # tokens each request gains per decode step: below the mean acceptance length when some steps find no draft

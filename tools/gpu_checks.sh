@@ -11,6 +11,7 @@
 #   bash tools/gpu_checks.sh spec-cost  # the proposers' GPU tests, then a k = 4 verify step vs a plain decode step
 #                                       # per proposer on the Qwen3-0.6B shape (carry data/cache/demo_corpus)
 #   bash tools/gpu_checks.sh rej        # the rejection kernels: walk vs split, copy workload both ways, k = 8
+#   bash tools/gpu_checks.sh spec-why   # model proposers' verify-step kernel tables at k = 2 and 4 (0.6B shape)
 #   bash tools/gpu_checks.sh spec16c    # the draft steps' advance kernel: unit kernels on CUDA, model proposers' GPU tests
 #   bash tools/gpu_checks.sh spec16     # spec GPU tests, copy workload at k = 4, 8, 12, verify table, P1 phases
 #   bash tools/gpu_checks.sh spec-table # kernel tables of those verify steps next to a plain decode step's (same carry)
@@ -49,7 +50,7 @@
 # limit so the last phase still ends (and is tarred) inside the device call:
 #   DEADLINE=560 bash tools/gpu_checks.sh tests-a tests-b
 set -u
-[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-pair-table | spec16c | spec-cost | spec-table | rej | spec16 | spec16b | gemv | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | final15 | attn-spills | attn-best | p1-rows | bench2 | startup | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-pair-table | spec-why | spec16c | spec-cost | spec-table | rej | spec16 | spec16b | gemv | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | final15 | attn-spills | attn-best | p1-rows | bench2 | startup | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
 OUT=${OUT:-/tmp/out}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 END=$(( $(date +%s) + ${DEADLINE:-100000} ))
@@ -149,11 +150,11 @@ spec-bench)
   ;;
 spec-pair-table)
   # the kernel table of a k = 4 EAGLE verify step on the trained pair next to the target's plain decode step
-  T 100 python3 tools/bench_step_breakdown.py --model /tmp/target --profile-steps 100 --json "$R/plain.json" \
+  T 100 python3 tools/bench_step_breakdown.py --model /tmp/target --steps 40 --profile-steps 100 --json "$R/plain.json" \
     --trace /tmp/trace_plain.json > "$R/plain.log" 2>&1
   for m in ${SPEC_METHODS:-eagle}; do
     d=graphrunner/demo_model; [ "$m" = eagle ] && d=/tmp/eagle
-    T 100 python3 tools/bench_step_breakdown.py --model /tmp/target --profile-steps 100 --speculative-method "$m" \
+    T 100 python3 tools/bench_step_breakdown.py --model /tmp/target --steps 40 --profile-steps 100 --speculative-method "$m" \
       --draft-model "$d" --json "$R/verify_$m.json" --trace "/tmp/trace_$m.json" > "$R/verify_$m.log" 2>&1
   done
   ;;
@@ -245,6 +246,20 @@ spec16b)
     --disable-by-batch-size 32 --k 8 --repeats 2 --json "$R/copy_k8.json" > "$R/copy_k8.log" 2>&1
   T 120 python3 tools/bench_spec.py --model /tmp/q06 --no-peer --method ngram --workloads copy --batch-sizes 1 \
     --k 12 --repeats 2 --json "$R/copy_k12.json" > "$R/copy_k12.log" 2>&1
+  ;;
+spec-why)
+  model
+  proposers
+  # where a model proposer's verify step goes as k grows (the trained pair's EAGLE step grew ~0.42 ms per draft,
+  # the draft model's 1.3-2.3 ms): kernel tables and host time at k = 2 and 4 on the 0.6B shape (PDL off)
+  for m in eagle draft_model; do
+    d=/tmp/q06draft; [ "$m" = eagle ] && d=/tmp/q06eagle
+    for k in 2 4; do
+      GRAPHRUNNER_PDL=0 T 100 python3 tools/bench_step_breakdown.py --model /tmp/q06 --steps 30 --profile-steps 40 \
+        --speculative-method "$m" --num-speculative-tokens $k --draft-model "$d" --json "$R/verify_${m}_k$k.json" \
+        --trace /tmp/trace.json > "$R/verify_${m}_k$k.log" 2>&1
+    done
+  done
   ;;
 spec16c)
   # the draft steps' advance as one Triton launch: the unit kernels on CUDA, then the model proposers' GPU tests
