@@ -12,6 +12,7 @@
 #                                       # per proposer on the Qwen3-0.6B shape (carry data/cache/demo_corpus)
 #   bash tools/gpu_checks.sh rej        # the rejection kernels: walk vs split, copy workload both ways, k = 8
 #   bash tools/gpu_checks.sh spec-why   # model proposers' verify-step kernel tables at k = 2 and 4 (0.6B shape)
+#   bash tools/gpu_checks.sh spec-demo  # the demo model drafting for itself and with an EAGLE head: step cost per k
 #   bash tools/gpu_checks.sh spec16c    # the draft steps' advance kernel: unit kernels on CUDA, model proposers' GPU tests
 #   bash tools/gpu_checks.sh spec16     # spec GPU tests, copy workload at k = 4, 8, 12, verify table, P1 phases
 #   bash tools/gpu_checks.sh spec-table # kernel tables of those verify steps next to a plain decode step's (same carry)
@@ -50,7 +51,7 @@
 # limit so the last phase still ends (and is tarred) inside the device call:
 #   DEADLINE=560 bash tools/gpu_checks.sh tests-a tests-b
 set -u
-[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-pair-table | spec-why | spec16c | spec-cost | spec-table | rej | spec16 | spec16b | gemv | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | final15 | attn-spills | attn-best | p1-rows | bench2 | startup | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-pair-table | spec-why | spec-demo | spec16c | spec-cost | spec-table | rej | spec16 | spec16b | gemv | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | final15 | attn-spills | attn-best | p1-rows | bench2 | startup | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
 OUT=${OUT:-/tmp/out}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 END=$(( $(date +%s) + ${DEADLINE:-100000} ))
@@ -260,6 +261,22 @@ spec-why)
         --trace /tmp/trace.json > "$R/verify_${m}_k$k.log" 2>&1
     done
   done
+  ;;
+spec-demo)
+  # the trained pair's verify step grew 0.42 ms (EAGLE) and 1.3-2.3 ms (draft model) per draft where the 0.6B shape's
+  # grows 75 and 185 us: the same draft model drafting for itself (every draft accepted), an EAGLE head for the demo
+  # model, on held-out text at k = 2 and 4 (steps by mode printed), then a self-draft kernel table at k = 4
+  T 100 python3 tools/train_demo_model.py train-eagle --data data/cache/demo_corpus --target graphrunner/demo_model \
+    --out /tmp/demo_eagle --max-steps 300 > "$R/train_eagle.log" 2>&1
+  for m in draft_model eagle; do
+    d=graphrunner/demo_model; [ "$m" = eagle ] && d=/tmp/demo_eagle
+    T 110 python3 tools/bench_spec.py --model graphrunner/demo_model --no-peer --method "$m" --draft-model "$d" \
+      --workloads text --text-ids data/cache/demo_corpus/val.npy --batch-sizes 1 --k 2,4 --repeats 2 \
+      --json "$R/spec_$m.json" > "$R/spec_$m.log" 2>&1
+  done
+  GRAPHRUNNER_PDL=0 T 90 python3 tools/bench_step_breakdown.py --model graphrunner/demo_model --steps 30 \
+    --profile-steps 40 --speculative-method draft_model --draft-model graphrunner/demo_model \
+    --json "$R/verify_self_k4.json" --trace /tmp/trace.json > "$R/verify_self_k4.log" 2>&1
   ;;
 spec16c)
   # the draft steps' advance as one Triton launch: the unit kernels on CUDA, then the model proposers' GPU tests
