@@ -113,6 +113,12 @@ class ModelRunner:
         if batch.plan.mode is StepMode.FULL:
             return self.outputs.launch(self._replay_full(batch))
         inputs = self._prepare(batch)
+        if self.graphs is not None and isinstance(self.proposer, DraftModelProposer):
+            # outside a FULL graph the draft model's k forwards launch kernel by kernel (~10 ms a draft step for
+            # the 8-layer demo draft on the H200's host, seventeenth session): such a step (a prefill, a mixed
+            # batch) leaves its rows' drafts as they are, as a step with speculation off does; the draft model
+            # still observes it, so the next FULL verify step drafts from a complete KV
+            self._drafting = False
         if batch.spec is not None:
             return self.outputs.launch(self._verify(batch, inputs))
         hidden = self._forward(batch, inputs)                                    # [T, hidden]

@@ -135,13 +135,17 @@ class Scheduler:
         return spec.num_speculative_tokens
 
     def _num_new_tokens(self, req: Request, budget: int, spec_k: int = 0) -> tuple[int, int]:
-        """(tokens to schedule, of which draft slots). The draft slots are capped so that even if every one is
-        accepted the request emits at most max_tokens tokens: its positions then stay below prompt + max_tokens."""
+        """(tokens to schedule, of which draft slots). The draft slots are capped only by the budget and by
+        max_model_len (the verified positions, counting every in-flight draft as accepted, stay inside it), not by
+        max_tokens: a run that crosses max_tokens is cut there by update(), and a request keeps its k slots to the
+        end, so its verify steps stay uniform (FULL graphs; a capped one ran piecewise with the model proposers'
+        draft steps launched one by one, ~10 ms each for the 8-layer demo draft on the H200, seventeenth session)."""
         if req.num_generated_upper >= req.max_tokens:
             return 0, 0  # its last token may be in flight; update() will finish it
         num_new = req.num_known_tokens - (req.num_computed_tokens - req.num_spec_inflight)
         if num_new == 1 and spec_k and spec_allowed(req):
-            num_spec = max(0, min(spec_k, req.max_tokens - req.num_generated_upper - 1, budget - 1))
+            room = self.config.max_model_len - req.prompt_len - req.num_generated_upper  # last position + room < len
+            num_spec = max(0, min(spec_k, room, budget - 1))
             return 1 + num_spec, num_spec
         return min(num_new, budget), 0
 

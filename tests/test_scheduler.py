@@ -101,3 +101,28 @@ def test_waiting_request_with_inflight_token_is_not_readmitted_early() -> None:
     assert b.num_inflight == 1
     s.update(out2, [2, 2])
     assert b.output_token_ids == [1, 2] and b.num_inflight == 0
+
+
+def test_draft_slots_stay_k_up_to_max_tokens_and_stop_at_max_model_len() -> None:
+    """A decoding request keeps its k draft slots near max_tokens (a run that crosses it is cut there, so its
+    verify steps stay uniform), and loses them only where the verified positions would pass max_model_len."""
+    from graphrunner.spec_config import SpeculativeConfig
+
+    spec = SpeculativeConfig(method="ngram", num_speculative_tokens=3)
+
+    def first_decode(max_tokens: int, max_model_len: int) -> tuple[Scheduler, Request, object, int]:
+        s = Scheduler(SchedulerConfig(8, 32, max_model_len), BlockPool(64), 4, spec=spec)
+        r = _req("a", 5, max_tokens=max_tokens)
+        s.add_request(r)
+        prefill = s.schedule()
+        s.update(prefill, [7])
+        out = s.schedule()
+        return s, r, out, out.scheduled[0].num_spec
+
+    s, r, out, num_spec = first_decode(max_tokens=3, max_model_len=64)
+    assert num_spec == 3  # 2 tokens short of max_tokens, all 3 slots anyway
+    s.update(out, [8], spec_tokens=[[8, 9, 10, 11]])  # every draft accepted, plus the bonus
+    assert r.output_token_ids == [7, 8, 9] and r.finish_reason == "length"  # cut at max_tokens
+    # the prompt (5) and the token out (1) leave 9 - 6 = 3 positions; 8 leave 2
+    assert first_decode(max_tokens=3, max_model_len=9)[3] == 3
+    assert first_decode(max_tokens=3, max_model_len=8)[3] == 2

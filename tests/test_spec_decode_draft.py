@@ -101,3 +101,41 @@ def test_disable_by_batch_size_skips_drafting(models: tuple[Path, Path, list]) -
     assert llm.engine.stats.spec_decode_counts[0] == 0 and calls <= 1  # six requests: no drafting after admission
     one = llm.generate([{"prompt_token_ids": _prompts()[3]}], GREEDY, use_tqdm=False)[0].outputs[0].token_ids
     assert one == ref[3] and llm.engine.stats.spec_decode_counts[2] > 0 and calls > 1
+
+
+
+def test_with_graphs_steps_outside_them_only_observe(models: tuple[Path, Path, list]) -> None:
+    """With graphs, a step that misses its FULL graph (here: every step, through a dispatcher that plans them all
+    piecewise) does not run the draft model's proposal round (its forwards would launch one by one), yet the
+    draft model observes it; the tokens equal those without speculation. Without graphs (the other tests) the
+    same engine drafts."""
+    from contextlib import nullcontext
+
+    from graphrunner.step_plan import StepMode, StepPlan
+
+    class Piecewise:  # a GraphDispatcher with no FULL graph: every step runs "piecewise", here eagerly
+        def plan(self, num_reqs: int, num_tokens: int, *args: object) -> StepPlan:
+            return StepPlan(StepMode.PIECEWISE, num_reqs, num_tokens)
+
+        def forward_mode(self, plan: StepPlan) -> nullcontext:
+            return nullcontext()
+
+    target, _, ref = models
+    llm = LLM(model=target, num_gpu_blocks_override=256, speculative_config=_spec(target, 3))
+    runner = llm.engine.runner
+    runner.graphs = Piecewise()  # type: ignore[assignment]
+    proposer = runner.proposer
+    calls = {"propose": 0, "observe": 0}
+    propose, observe = proposer.propose, proposer.observe
+
+    def count(name: str, fn: object) -> object:
+        def wrapped(*args: object, **kwargs: object) -> object:
+            calls[name] += 1
+            return fn(*args, **kwargs)  # type: ignore[operator]
+        return wrapped
+
+    proposer.propose = count("propose", propose)  # type: ignore[method-assign]
+    proposer.observe = count("observe", observe)  # type: ignore[method-assign]
+    assert _tokens(llm) == ref
+    assert calls["propose"] == 0 and calls["observe"] > 0
+    assert llm.engine.stats.spec_decode_counts[2] == 0  # nothing proposed, nothing accepted
