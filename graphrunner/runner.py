@@ -109,16 +109,14 @@ class ModelRunner:
     def execute(self, sched: SchedulerOutput) -> AsyncStepOutput:
         """Launch one step; the returned output is read after the next step has been launched."""
         batch = self._stage(sched)
-        self._drafting = sched.spec_active
-        if batch.plan.mode is StepMode.FULL:
+        if batch.plan.mode is StepMode.FULL:  # (its graph drafts as it was captured to)
             return self.outputs.launch(self._replay_full(batch))
+        # with graphs, a step outside them does not run the draft model's k forwards, which launch kernel by kernel
+        # there (~10 ms a draft step for the 8-layer demo draft on the H200's host, seventeenth session): it leaves
+        # its rows' drafts as they are, as a step with speculation off does; the draft model still observes it
+        self._drafting = sched.spec_active and not (self.graphs is not None
+                                                    and isinstance(self.proposer, DraftModelProposer))
         inputs = self._prepare(batch)
-        if self.graphs is not None and isinstance(self.proposer, DraftModelProposer):
-            # outside a FULL graph the draft model's k forwards launch kernel by kernel (~10 ms a draft step for
-            # the 8-layer demo draft on the H200's host, seventeenth session): such a step (a prefill, a mixed
-            # batch) leaves its rows' drafts as they are, as a step with speculation off does; the draft model
-            # still observes it, so the next FULL verify step drafts from a complete KV
-            self._drafting = False
         if batch.spec is not None:
             return self.outputs.launch(self._verify(batch, inputs))
         hidden = self._forward(batch, inputs)                                    # [T, hidden]

@@ -1,8 +1,9 @@
 """State-table updates of speculative decoding, on the device without host syncs: the post-verify update (advance
 each row by its accepted count and append its emitted run), the write of freshly proposed drafts into the
 history's tail (where the next verify step's prep kernel reads them as input tokens), the model proposers' per
-draft-step advance, and the read of a step's drafts back. Each is one Triton kernel of one program per request next to its PyTorch reference: the references
-are ~15-60 small PyTorch kernels each, ~100 of a verify step's launches (docs/BENCHMARKS.md, sixteenth session).
+draft-step advance, and the read of a step's drafts back. Each is one Triton kernel of one program per request,
+next to its PyTorch reference: the references are ~15-60 small PyTorch kernels each, ~100 of a verify step's
+launches (docs/BENCHMARKS.md, sixteenth session).
 """
 
 from __future__ import annotations
