@@ -78,17 +78,19 @@ class CaptureManager:
         return sorted(keys, key=lambda k: (k[1], k[0], k[2]), reverse=True)
 
     def plan(self, num_reqs: int, num_tokens: int, max_seq_len: int, full_ok: bool,
-             mixed_ok: bool = False, query_len: int | None = None) -> StepPlan:
-        plan = self._plan(num_reqs, num_tokens, max_seq_len, full_ok, mixed_ok, query_len)
+             mixed_ok: bool = False, query_len: int | None = None, full_max_reqs: int | None = None) -> StepPlan:
+        plan = self._plan(num_reqs, num_tokens, max_seq_len, full_ok, mixed_ok, query_len, full_max_reqs)
         self.mode_counts[plan.mode] += 1
         self.mixed_steps += plan.mixed
         return plan
 
     def _plan(self, num_reqs: int, num_tokens: int, max_seq_len: int, full_ok: bool, mixed_ok: bool,
-              query_len: int | None) -> StepPlan:
+              query_len: int | None, full_max_reqs: int | None) -> StepPlan:
         q = self.model_state.uniform_query_len if query_len is None else query_len
-        if full_ok and q in self.model_state.full_query_lens and self.full_sizes and num_reqs <= self.full_sizes[-1]:
-            p = self.full_sizes[bisect.bisect_left(self.full_sizes, num_reqs)]
+        p = (self.full_sizes[bisect.bisect_left(self.full_sizes, num_reqs)]
+             if self.full_sizes and num_reqs <= self.full_sizes[-1] else None)
+        if (full_ok and q in self.model_state.full_query_lens and p is not None
+                and (full_max_reqs is None or p <= full_max_reqs)):
             want = self._long_splits(p, q, max_seq_len)  # the same tiles as the captured graphs count
             return StepPlan(StepMode.FULL, p, p * q, self._long_splits(p, q) if want > 1 else 1)
         # A step of <= MAX_M tokens keeps a token bucket of <= MAX_M (piecewise): padded into a 64-token mixed

@@ -22,7 +22,10 @@ class BlockPool:
 
     Free blocks wait in an LRU queue (the front is reused first) and keep their contents: a full block
     registered under its prefix key stays a cache hit until it is handed out again. A request's blocks are
-    queued tail first when freed, so its last blocks are evicted before the prefix others may share.
+    queued tail first when freed, so its last blocks are evicted before the prefix others may share. A block
+    registered as `partial` holds the target's KV but not all of a speculative proposer's (computed while the
+    proposer did not run): a lookup that needs the proposer's KV stops there, and a complete block computed
+    later under the same key takes the key over.
     """
 
     def __init__(self, num_blocks: int, enable_caching: bool = False) -> None:
@@ -34,6 +37,7 @@ class BlockPool:
         self._ref = [0] * num_blocks
         self._key: list[BlockHash | None] = [None] * num_blocks  # the prefix key a block is registered under
         self._cached: dict[BlockHash, int] = {}
+        self._partial: set[int] = set()  # registered blocks without the proposer's KV
 
     @property
     def num_free(self) -> int:
@@ -61,6 +65,7 @@ class BlockPool:
             if key is not None:
                 del self._cached[key]
                 self._key[block] = None
+                self._partial.discard(block)
             self._ref[block] = 1
             taken.append(block)
         return taken
@@ -73,12 +78,13 @@ class BlockPool:
                 self._free[block] = None
 
     # -- the prefix cache --------------------------------------------------------------------
-    def lookup(self, keys: list[BlockHash]) -> list[int]:
-        """Blocks of the longest cached prefix of `keys` (not yet held: call `hold`)."""
+    def lookup(self, keys: list[BlockHash], complete_only: bool = False) -> list[int]:
+        """Blocks of the longest cached prefix of `keys` (not yet held: call `hold`); complete_only: it ends at the
+        first partial block (a request whose proposer reads these blocks' KV)."""
         hits = []
         for key in keys:
             block = self._cached.get(key)
-            if block is None:
+            if block is None or (complete_only and block in self._partial):
                 break
             hits.append(block)
         return hits
@@ -90,17 +96,28 @@ class BlockPool:
                 del self._free[block]
             self._ref[block] += 1
 
-    def register(self, block_id: int, key: BlockHash) -> None:
-        """A full, computed block becomes a hit for `key` (the first block registered under a key keeps it)."""
-        if self.enable_caching and self._key[block_id] is None and key not in self._cached:
-            self._cached[key] = block_id
-            self._key[block_id] = key
+    def register(self, block_id: int, key: BlockHash, partial: bool = False) -> None:
+        """A full, computed block becomes a hit for `key`. The first block registered under a key keeps it,
+        unless that one is partial and this one is not."""
+        if not self.enable_caching or self._key[block_id] is not None:
+            return
+        old = self._cached.get(key)
+        if old is not None:
+            if partial or old not in self._partial:
+                return
+            self._key[old] = None  # its holders keep its contents; it is no longer a hit
+            self._partial.discard(old)
+        self._cached[key] = block_id
+        self._key[block_id] = key
+        if partial:
+            self._partial.add(block_id)
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached prefix; False (nothing done) while any block is held, as vLLM."""
         if any(self._ref):
             return False
         self._cached.clear()
+        self._partial.clear()
         self._key = [None] * self.num_blocks
         return True
 

@@ -40,6 +40,10 @@ class Request:
     # speculative decoding: draft tokens scheduled in steps still in flight. Each may be accepted (one more output
     # token) or rejected (num_computed_tokens, an upper bound while drafts are in flight, drops by one)
     num_spec_inflight: int = 0
+    # the first position whose KV a model proposer (draft model, EAGLE head) lacks, because the request ran in a
+    # step with speculation off by batch size (the proposer did not run); None: its proposer KV is complete. Such
+    # a request gets no draft slots again (until a preemption recomputes it)
+    proposer_gap: int | None = None
     row: int = -1                   # state-table row while it holds one
     block_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None

@@ -93,6 +93,7 @@ class ModelRunner:
                                    state.block_table.shape[1], self.device, state.padding_row)
         self.graphs: GraphDispatcher | None = None  # set once the capture manager has captured
         self._drafting = True  # this step's scheduler had speculation on
+        self._observing = True  # ... and so the model proposer runs in it
         self.proposer: NgramProposer | DraftModelProposer | EagleProposer | None = None
         if speculative is not None and speculative.method == "ngram":
             self.proposer = NgramProposer(speculative, state, use_triton)
@@ -104,6 +105,12 @@ class ModelRunner:
             if not isinstance(draft, DraftModel):
                 raise ValueError("speculative method 'draft_model' needs the draft model (runner built without it)")
             self.proposer = DraftModelProposer(speculative, draft, state, use_triton, attention_backend)
+        # with disable_by_batch_size a plain decode FULL graph of P rows runs the model proposer only for P below it:
+        # above it speculation is off, and the proposer's forward is all such a step would pay over one without
+        # speculation (6% at batch 64 with an EAGLE head, 17% with the 8-layer draft, seventeenth session)
+        model_proposer = isinstance(self.proposer, (DraftModelProposer, EagleProposer))
+        self._observe_below = (speculative.disable_by_batch_size if speculative is not None and model_proposer
+                               else None)
 
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> AsyncStepOutput:
@@ -116,6 +123,7 @@ class ModelRunner:
         # its rows' drafts as they are, as a step with speculation off does; the draft model still observes it
         self._drafting = sched.spec_active and not (self.graphs is not None
                                                     and isinstance(self.proposer, DraftModelProposer))
+        self._observing = sched.spec_active
         inputs = self._prepare(batch)
         if batch.spec is not None:
             return self.outputs.launch(self._verify(batch, inputs))
@@ -163,7 +171,11 @@ class ModelRunner:
             covered = sampling.full_graph_ok(self.penalties_in_graph) and prompt_logprobs is None
             uniform = (all(c == q for c in counts) and all(n == q - 1 for n in num_spec)
                        and q in (1, 1 + self.spec_k))
-            plan = self.graphs.plan(b, t, max(seq_lens, default=0), covered and uniform, covered and spec is None, q)
+            # a step that runs the model proposer can take a plain decode graph only where that graph runs it
+            below = self._observe_below
+            full_max = below - 1 if below is not None and sched.spec_active and q == 1 else None
+            plan = self.graphs.plan(b, t, max(seq_lens, default=0), covered and uniform, covered and spec is None, q,
+                                    full_max_reqs=full_max)
         p = plan.num_reqs  # FULL graphs: rows past b point at the padding row with 0 tokens
         staged = self.buffers.stage_rows(rows, counts, p)
         if self.device.type == "cuda":
@@ -194,8 +206,9 @@ class ModelRunner:
         self._observe(inputs, shape)
         return hidden
 
-    def _observe(self, inputs: StepInputs, shape: StepShape) -> None:
-        if isinstance(self.proposer, DraftModelProposer):
+    def _observe(self, inputs: StepInputs, shape: StepShape, observe: bool | None = None) -> None:
+        """observe: None = this step's scheduler had speculation on (a captured graph passes it fixed)."""
+        if isinstance(self.proposer, DraftModelProposer) and (self._observing if observe is None else observe):
             self.proposer.observe(inputs, shape)  # the draft model's KV at the target's positions
 
     def _verify(self, batch: StepBatch, inputs: StepInputs) -> StepOutput:
@@ -217,17 +230,19 @@ class ModelRunner:
                           SpecTensors(out.output_ids, out.num_accepted, out.num_drafts, spec.first_row))
 
     def _propose(self, idx_mapping: torch.Tensor, inputs: StepInputs, shape: StepShape, hidden: torch.Tensor,
-                 drafting: bool | None = None) -> None:
+                 drafting: bool | None = None, observe: bool | None = None) -> None:
         """Drafts for the next step, after the post-update. inputs / shape / hidden [T, hidden]: the step's forward
-        (shape.seq_lens: the host upper bounds of each row's num_computed). drafting: None = this step's scheduler
-        had speculation on (a captured graph passes it fixed)."""
+        (shape.seq_lens: the host upper bounds of each row's num_computed). drafting / observe: None = as this
+        step's scheduler decided (a captured graph passes them fixed); a model proposer that does not observe a
+        step does nothing in it (its rows lose speculation: Request.proposer_gap)."""
         drafting = self._drafting if drafting is None else drafting
+        observe = self._observing if observe is None else observe
         if isinstance(self.proposer, DraftModelProposer):
             if drafting:  # k draft-model forwards: skipped while speculation is disabled by batch size
                 self.proposer.propose(idx_mapping, shape.seq_lens)
         elif isinstance(self.proposer, EagleProposer):
-            # the head always observes (its KV must cover every position); it drafts only while speculation is on
-            self.proposer.propose(idx_mapping, inputs, shape, hidden, drafting)
+            if observe:  # it drafts only while speculation is on
+                self.proposer.propose(idx_mapping, inputs, shape, hidden, drafting)
         elif self.proposer is not None:
             self.proposer.propose(idx_mapping)
 
@@ -328,15 +343,18 @@ class ModelRunner:
         query_lens = (num_tokens,) + (0,) * (num_reqs - 1) if mixed else (1,) * num_reqs
         shape = StepShape(num_reqs, num_tokens, query_lens, (self.max_model_len,) * num_reqs, num_splits)
         hidden = self.run_model(inputs, shape)                                  # [T, hidden]
-        self._observe(inputs, shape)
+        # a mixed graph runs the model proposer (a prefill that just ended verifies next); a plain decode one only
+        # observes with it, and only below disable_by_batch_size (a decode with speculation on whose rows have no
+        # draft slots: min_tokens not reached); stale drafts stay valid proposals
+        observe = mixed or self._observe_below is None or num_reqs < self._observe_below
+        self._observe(inputs, shape, observe)
         # penalties run in the graph for every row (neutral rows return at once): a batch with penalties replays it
         sampling = SamplingBatch(idx, False, self.penalties_in_graph, False, -1)
         out = self._sample(hidden.index_select(0, inputs.logits_indices), sampling)
         self._update(idx, counts, out.sampled)
-        # a plain decode graph drafts nothing with a model (speculation was off for the step; stale drafts stay
-        # valid proposals; an EAGLE head still observes); a mixed one does (a prefill that just ended verifies next)
         self._propose(idx, inputs, shape, hidden,
-                      drafting=mixed or not isinstance(self.proposer, (DraftModelProposer, EagleProposer)))
+                      drafting=mixed or not isinstance(self.proposer, (DraftModelProposer, EagleProposer)),
+                      observe=observe)
         return out.sampled, out.nonfinite
 
     def full_verify_body(self, num_reqs: int, num_splits: int) -> tuple[torch.Tensor, ...]:
@@ -352,14 +370,14 @@ class ModelRunner:
                                 out=self.buffers.views(num_reqs, num_reqs * q, cols))
         shape = StepShape(num_reqs, num_reqs * q, (q,) * num_reqs, (self.max_model_len,) * num_reqs, num_splits)
         hidden = self.run_model(inputs, shape)                                  # [P * q, hidden]
-        self._observe(inputs, shape)
+        self._observe(inputs, shape, True)
         layout = uniform_spec_layout(idx, counts, self.spec_k)
         logits = self.model.compute_logits(hidden)                              # [P * q, V] float32
         out = verify_sample(logits, SamplingBatch(layout.expanded_idx, False, False, False, -1), layout, idx,
                             self.state, self.use_triton)
         post_update_spec(idx, counts, layout.num_spec, out.output_ids, out.num_accepted, self.state.token_ids,
                          self.state.num_computed, self.state.num_tokens, self.state.penalties, self.use_triton)
-        self._propose(idx, inputs, shape, hidden, drafting=True)
+        self._propose(idx, inputs, shape, hidden, drafting=True, observe=True)
         return out.output_ids[:, 0].contiguous(), out.nonfinite, out.output_ids, out.num_accepted, out.num_drafts
 
     def release_graphs(self) -> None:

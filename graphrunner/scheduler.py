@@ -38,8 +38,8 @@ class ScheduledRequest:
 class SchedulerOutput:
     scheduled: list[ScheduledRequest] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
-    # speculation was on for this step (not disabled by batch size): a draft model drafts for the next step only
-    # then (stale drafts stay valid proposals, so skipping costs acceptance, never correctness)
+    # speculation was on for this step (not disabled by batch size): only then do the model proposers run (observe
+    # the step, draft for the next); a step with it off costs what a step without speculation does
     spec_active: bool = False
 
     @property
@@ -74,8 +74,12 @@ class Scheduler:
         self.spec = spec
         # a draft model (an EAGLE head) writes its KV up to k positions past a row's last token after each step:
         # blocks are kept ahead
-        self.lookahead = (spec.num_speculative_tokens if spec is not None and spec.method in ("draft_model", "eagle")
-                          else 0)
+        model_proposer = spec is not None and spec.method in ("draft_model", "eagle")
+        self.lookahead = spec.num_speculative_tokens if spec is not None and model_proposer else 0
+        # a model proposer needs its own KV at every position it drafts from; a step with speculation off does not
+        # run it, so the requests in that step lose speculation (Request.proposer_gap)
+        self.tracks_proposer_kv = model_proposer
+        self._observed = True  # this step runs the model proposer (set by schedule())
         self.pool = pool
         self.block_size = block_size
         self.recent_keys = RecentKeys(block_size)  # keys of recent prompts, reused where a new one shares blocks
@@ -107,7 +111,7 @@ class Scheduler:
         out = SchedulerOutput()
         budget = self.config.max_num_batched_tokens
         spec_k = self._spec_tokens()
-        out.spec_active = spec_k > 0
+        out.spec_active = self._observed = spec_k > 0
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
@@ -143,7 +147,7 @@ class Scheduler:
         if req.num_generated_upper >= req.max_tokens:
             return 0, 0  # its last token may be in flight; update() will finish it
         num_new = req.num_known_tokens - (req.num_computed_tokens - req.num_spec_inflight)
-        if num_new == 1 and spec_k and spec_allowed(req):
+        if num_new == 1 and spec_k and req.proposer_gap is None and spec_allowed(req):
             room = self.config.max_model_len - req.prompt_len - req.num_generated_upper  # last position + room < len
             num_spec = max(0, min(spec_k, room, budget - 1))
             return 1 + num_spec, num_spec
@@ -203,7 +207,9 @@ class Scheduler:
             return []
         known = req.num_host_tokens
         self._extend_hashes(req, known)
-        hits = self.pool.lookup(req.block_hashes[:(known - 1) // self.block_size])
+        # a request admitted while the proposer runs reads its KV at the hits: blocks computed without it stop there
+        complete_only = self.tracks_proposer_kv and self._observed
+        hits = self.pool.lookup(req.block_hashes[:(known - 1) // self.block_size], complete_only)
         if self.spec is not None and self.spec.method == "eagle":
             # an EAGLE head's KV at a block's last position was computed from the token after the block, which the
             # block's key does not cover: the last hit is recomputed (as vLLM does), its head KV then this request's
@@ -227,14 +233,19 @@ class Scheduler:
         if full <= req.num_registered_blocks:
             return
         self._extend_hashes(req, full * self.block_size)
+        gap = req.proposer_gap
         for i in range(req.num_registered_blocks, full):
-            self.pool.register(req.block_ids[i], req.block_hashes[i])
+            partial = gap is not None and (i + 1) * self.block_size > gap  # some position's proposer KV missing
+            self.pool.register(req.block_ids[i], req.block_hashes[i], partial)
         req.num_registered_blocks = full
 
     def _commit(self, req: Request, num_new: int, new_blocks: list[int], is_new: bool,
                 num_spec: int = 0) -> ScheduledRequest:
         first = len(req.block_ids)
         req.block_ids.extend(new_blocks)
+        if self.tracks_proposer_kv and not self._observed and req.proposer_gap is None:
+            # from here on the proposer's KV is missing (a new row: its hits may be partial blocks too)
+            req.proposer_gap = 0 if is_new else req.num_computed_tokens - req.num_spec_inflight
         samples = req.num_computed_tokens - req.num_spec_inflight + num_new - num_spec == req.num_known_tokens
         req.num_computed_tokens += num_new
         if samples:
@@ -249,6 +260,7 @@ class Scheduler:
         self._release(req)
         req.status = RequestStatus.PREEMPTED
         req.num_computed_tokens = 0
+        req.proposer_gap = None  # recomputed from its hits (complete ones, if the proposer runs then) onwards
         self.waiting.appendleft(req)
         self.num_preemptions += 1
         out.preempted.append(req)

@@ -26,7 +26,9 @@ def _positive_int(name: str, value: Any) -> int:
 class SpeculativeConfig:
     """method: "ngram", "draft_model" or "eagle"; k drafts per verify step; n-gram lengths tried from prompt_lookup_max
     down to prompt_lookup_min; no drafts are scheduled in a step whose running batch has >= disable_by_batch_size
-    requests (None: never disabled); model: the draft model's (draft_model) or EAGLE head's (eagle) directory."""
+    requests (None: never disabled), and a model proposer does not run in it: the requests in such a step finish
+    without speculation, those admitted later speculate; model: the draft model's (draft_model) or EAGLE head's
+    (eagle) directory."""
 
     method: str = "ngram"
     num_speculative_tokens: int = 3

@@ -57,10 +57,11 @@ class StepShape:
 
 class GraphDispatcher(Protocol):
     def plan(self, num_reqs: int, num_tokens: int, max_seq_len: int, full_ok: bool,
-             mixed_ok: bool = False, query_len: int | None = None) -> StepPlan:
+             mixed_ok: bool = False, query_len: int | None = None, full_max_reqs: int | None = None) -> StepPlan:
         """full_ok: the batch is a uniform decode (query_len tokens a request; None = the ModelState's
         uniform_query_len) whose sampling the FULL graph covers; mixed_ok: a FULL graph covers its sampling,
-        whatever its query lengths (a mixed FULL graph may serve it)."""
+        whatever its query lengths (a mixed FULL graph may serve it); full_max_reqs: the largest padded batch
+        whose uniform FULL graph does what this step needs (None: any)."""
 
     def forward_mode(self, plan: StepPlan) -> AbstractContextManager[None]:
         """Context for a non-FULL forward (piecewise replay when the plan says so)."""

@@ -79,6 +79,30 @@ def test_pool_reference_counts_lru_and_eviction() -> None:
     assert pool.allocate(1) is None
 
 
+def test_pool_partial_blocks_are_hits_only_for_lookups_that_allow_them() -> None:
+    """A block registered as partial (its proposer KV missing) is a hit for a plain lookup, ends a complete_only
+    one, and gives its key up to a complete block registered later; a complete block keeps its key."""
+    pool = BlockPool(8, enable_caching=True)
+    a = pool.allocate(3)
+    pool.register(a[0], b"k1")
+    pool.register(a[1], b"k2", partial=True)
+    pool.register(a[2], b"k3", partial=True)
+    assert pool.lookup([b"k1", b"k2", b"k3"]) == a
+    assert pool.lookup([b"k1", b"k2", b"k3"], complete_only=True) == a[:1]
+    b = pool.allocate(2)
+    pool.register(b[0], b"k2")  # recomputed with the proposer running: takes the key over
+    pool.register(b[1], b"k1")  # k1's holder is complete: it keeps it
+    pool.register(b[1], b"k3", partial=True)  # a partial block never displaces another
+    assert pool.lookup([b"k1", b"k2", b"k3"], complete_only=True) == [a[0], b[0]]
+    assert pool.lookup([b"k1", b"k2", b"k3"]) == [a[0], b[0], a[2]]
+    pool.free(a)  # the free queue: 6, 7, then a tail first
+    assert pool.allocate(2) == [6, 7] and pool.lookup([b"k1", b"k2", b"k3"]) == [a[0], b[0], a[2]]
+    assert pool.allocate(1) == [a[2]]  # evicted: the partial hit is forgotten
+    assert pool.lookup([b"k1", b"k2", b"k3"]) == [a[0], b[0]] and pool.num_cached == 2
+    assert pool.allocate(1) == [a[1]]  # the displaced block came back as a plain free block
+    assert pool.lookup([b"k1", b"k2"]) == [a[0], b[0]]
+
+
 def test_pool_without_caching_registers_nothing() -> None:
     pool = BlockPool(4)
     block = pool.allocate(1)

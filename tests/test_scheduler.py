@@ -126,3 +126,50 @@ def test_draft_slots_stay_k_up_to_max_tokens_and_stop_at_max_model_len() -> None
     # the prompt (5) and the token out (1) leave 9 - 6 = 3 positions; 8 leave 2
     assert first_decode(max_tokens=3, max_model_len=9)[3] == 3
     assert first_decode(max_tokens=3, max_model_len=8)[3] == 2
+
+
+def test_a_model_proposer_off_by_batch_size_ends_speculation_for_the_requests_in_that_step() -> None:
+    """With a draft model and disable_by_batch_size 2: the requests that ran while speculation was off (the
+    proposer did not run, so its KV has a gap) get no draft slots again, and the blocks they filled then are
+    partial hits: a request admitted while the proposer runs recomputes them; one admitted while it is off shares
+    them. A preemption recomputes a request, which then speculates again."""
+    from graphrunner.spec_config import SpeculativeConfig
+
+    spec = SpeculativeConfig(method="draft_model", num_speculative_tokens=2, disable_by_batch_size=2, model="d")
+    s = Scheduler(SchedulerConfig(8, 64, 64), BlockPool(64, enable_caching=True), 4, spec=spec)
+    a, b = _req("a", 9, max_tokens=20), _req("b", 5, max_tokens=20)
+    s.add_request(a)
+    s.add_request(b)
+    out = s.schedule()  # nothing ran before: speculation on, both prefills observed
+    assert out.spec_active and a.proposer_gap is None
+    s.update(out, [100, 100])
+    for t in range(101, 104):  # three steps with two running: off; a fills its third block (positions 8..11)
+        out = s.schedule()
+        assert not out.spec_active and [x.num_spec for x in out.scheduled] == [0, 0]
+        s.update(out, [t, t])
+    assert a.proposer_gap == 9 and b.proposer_gap == 5
+    history = a.prompt_token_ids + a.output_token_ids  # 13 tokens: blocks 0, 1 complete, block 2 partial
+
+    def sharing(rid: str) -> Request:
+        r = _req(rid, 14, max_tokens=4)
+        r.prompt_token_ids = history[:12] + [7, 7]
+        s.add_request(r)
+        return r
+
+    e = sharing("e")
+    out = s.schedule()  # still off: e takes the partial block (it will not speculate anyway)
+    assert not out.spec_active and out.scheduled[-1].request is e and out.scheduled[-1].num_cached == 12
+    assert e.proposer_gap == 0
+    s.update(out, [104, 104, 104])
+    s.finish(b, "abort")
+    s.finish(e, "abort")
+    c = sharing("c")
+    out = s.schedule()  # one running: speculation on, yet a has none; c recomputes the partial block
+    assert out.spec_active and out.scheduled[0].num_spec == 0
+    assert out.scheduled[1].request is c and out.scheduled[1].num_cached == 8 and c.proposer_gap is None
+    s.update(out, [105, 106])
+    s._preempt(a, out)  # a recompute rebuilds its KV, the proposer's too, from the start
+    assert a.proposer_gap is None
+    out = s.schedule()  # c alone running: on; c speculates, a is readmitted with the proposer running
+    assert out.spec_active and [(x.request, x.num_spec) for x in out.scheduled] == [(c, 2), (a, 0)]
+    assert out.scheduled[1].is_new and a.proposer_gap is None

@@ -114,7 +114,7 @@ def test_with_graphs_steps_outside_them_only_observe(models: tuple[Path, Path, l
     from graphrunner.step_plan import StepMode, StepPlan
 
     class Piecewise:  # a GraphDispatcher with no FULL graph: every step runs "piecewise", here eagerly
-        def plan(self, num_reqs: int, num_tokens: int, *args: object) -> StepPlan:
+        def plan(self, num_reqs: int, num_tokens: int, *args: object, **kwargs: object) -> StepPlan:
             return StepPlan(StepMode.PIECEWISE, num_reqs, num_tokens)
 
         def forward_mode(self, plan: StepPlan) -> nullcontext:

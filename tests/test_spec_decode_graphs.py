@@ -95,6 +95,52 @@ def test_full_verify_body_drafts_with_a_model(model_dir: Path) -> None:
     assert draft_tokens > 0 and accepted == draft_tokens
 
 
+def test_plain_decode_graphs_run_the_draft_model_only_below_disable_by_batch_size(model_dir: Path) -> None:
+    """disable_by_batch_size 4, FULL graphs of 1, 2 and 8 rows, six requests of staggered lengths: no step with
+    speculation off runs the draft model (the 8-row plain decode graph leaves it out); a step with speculation on
+    always runs it, so a 3-row plain decode then skips the 8-row graph; the tokens equal eager ones without
+    speculation, and a request admitted afterwards has every draft accepted (its draft KV is complete)."""
+    spec = {"method": "draft_model", "model": str(model_dir), "num_speculative_tokens": 3, "disable_by_batch_size": 4}
+    kwargs: dict[str, Any] = {"num_gpu_blocks_override": 60, "max_model_len": 96, "max_num_seqs": 8}
+    prompts = _prompts()
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in (3, 5, 8, 11, 14, 18)]
+    expected = [o.outputs[0].token_ids for o in LLM(model=model_dir, **kwargs).generate(prompts, params)]
+    llm = LLM(model=model_dir, speculative_config=spec, **kwargs)
+    runner = llm.engine.runner
+    manager = _GraphlessFull(runner.model_state, runner.buffers, None, [1, 2, 8], [], runner.max_model_len)
+    manager.bodies = runner.capture_bodies()
+    manager.query_lens_replayed = []
+    runner.graphs = manager
+    steps: list[tuple[bool, int, StepMode]] = []  # (speculation on, requests, how the step ran)
+    observed = {True: 0, False: 0}
+    execute, plan, observe = runner.execute, manager.plan, runner.proposer.observe
+
+    def step(sched: Any) -> Any:
+        steps.append((sched.spec_active, len(sched.scheduled), StepMode.EAGER))
+        return execute(sched)
+
+    def planned(*args: Any, **kw: Any) -> StepPlan:
+        out = plan(*args, **kw)
+        steps[-1] = (*steps[-1][:2], out.mode)
+        return out
+
+    def counted(*args: Any) -> None:
+        observed[steps[-1][0]] += 1
+        observe(*args)
+
+    runner.execute, manager.plan, runner.proposer.observe = step, planned, counted  # type: ignore[method-assign]
+    got = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+    assert got == expected
+    assert observed[False] == 0 and observed[True] > 0
+    assert any(not on and b > 3 and mode is StepMode.FULL for on, b, mode in steps)  # the 8-row graph, off
+    assert any(on and b == 3 and mode is not StepMode.FULL for on, b, mode in steps)  # ... skipped when on
+    assert llm.engine.stats.spec_decode_counts[0] == 0  # all six ran with speculation off once: no drafts
+    again = llm.generate([prompts[3]], GREEDY)[0].outputs[0].token_ids
+    _, draft_tokens, accepted = llm.engine.stats.spec_decode_counts
+    assert again == LLM(model=model_dir, **kwargs).generate([prompts[3]], GREEDY)[0].outputs[0].token_ids
+    assert draft_tokens > 0 and accepted == draft_tokens
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("k", [1, 3])
 def test_gpu_graphs_on_equal_without_speculation(tmp_path: Path, k: int) -> None:

@@ -166,33 +166,18 @@ def test_head_forward_matches_plain_reference(llama: tuple[Path, Path, list]) ->
     assert not torch.equal(w["embed_tokens.weight"], tw["model.embed_tokens.weight"])
 
 
-@pytest.mark.parametrize("engine", ["chunked", "preempt", "prefix", "triton"])
-def test_engine_drafts_equal_the_reference_head(llama: tuple[Path, Path, list], engine: str) -> None:
-    """After every proposal, each decoding row's k drafts equal the reference head's over its accepted history.
-    disable_by_batch_size=4: the first steps (six requests) only observe; drafting starts as requests finish, so
-    the head's KV written while it only observed is checked too. "prefix": a second batch shares whole blocks with
-    the first but continues with other tokens (the head's KV at a hit block's last position came from the first
-    batch's next token: that block must be recomputed). "triton": chunked, with the step kernels (the draft
-    steps' advance among them) in Triton, as on CUDA (the interpreter here)."""
-    target, head, _ = llama
-    k = 3
-    kwargs = ({"num_gpu_blocks_override": 256, "block_size": 4} if engine == "prefix"
-              else {**ENGINES["chunked"], "use_triton": True} if engine == "triton"
-              else {**ENGINES[engine], "enable_prefix_caching": False})
-    llm = LLM(model=target, speculative_config=_spec(head, k, disable_by_batch_size=4), **kwargs)
+def _record_drafts(llm: LLM, k: int) -> list[tuple[list[int], list[int]]]:
+    """Spy on the engine's EAGLE proposer: after each proposal that drafted, (history, k drafts) of every row that
+    just sampled (the list fills as the engine runs)."""
     proposer = llm.engine.runner.proposer
     state = proposer.state
     max_len = state.token_ids.shape[1]
     seen: list[tuple[list[int], list[int]]] = []
-    skipped = 0
     propose = proposer.propose
 
     def spy(idx_mapping: torch.Tensor, *args: Any, **kwargs: Any) -> None:
-        nonlocal skipped
         propose(idx_mapping, *args, **kwargs)
-        drafting = args[3] if len(args) > 3 else kwargs.get("draft", True)
-        if not drafting:
-            skipped += 1
+        if not (args[3] if len(args) > 3 else kwargs.get("draft", True)):
             return
         for row in idx_mapping.tolist():
             nc, nt = int(state.num_computed[row]), int(state.num_tokens[row])
@@ -200,6 +185,23 @@ def test_engine_drafts_equal_the_reference_head(llama: tuple[Path, Path, list], 
                 seen.append((state.token_ids[row, :nt].tolist(), state.token_ids[row, nt:nt + k].tolist()))
 
     proposer.propose = spy  # type: ignore[method-assign]
+    return seen
+
+
+@pytest.mark.parametrize("engine", ["chunked", "preempt", "prefix", "triton"])
+def test_engine_drafts_equal_the_reference_head(llama: tuple[Path, Path, list], engine: str) -> None:
+    """After every proposal, each decoding row's k drafts equal the reference head's over its accepted history.
+    "prefix": a second batch shares whole blocks with the first but continues with other tokens (the head's KV at
+    a hit block's last position came from the first batch's next token: that block must be recomputed). "triton":
+    chunked, with the step kernels (the draft steps' advance among them) in Triton, as on CUDA (the interpreter
+    here)."""
+    target, head, _ = llama
+    k = 3
+    kwargs = ({"num_gpu_blocks_override": 256, "block_size": 4} if engine == "prefix"
+              else {**ENGINES["chunked"], "use_triton": True} if engine == "triton"
+              else {**ENGINES[engine], "enable_prefix_caching": False})
+    llm = LLM(model=target, speculative_config=_spec(head, k), **kwargs)
+    seen = _record_drafts(llm, k)
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in (6, 9, 12, 16, 20, 24)]
     _tokens(llm, params)
     if engine == "preempt":
@@ -209,10 +211,58 @@ def test_engine_drafts_equal_the_reference_head(llama: tuple[Path, Path, list], 
         again = [{"prompt_token_ids": p[:12] + [rng.randrange(1, 400) for _ in range(3)]} for p in _prompts()[3:]]
         llm.generate(again, params[:3], use_tqdm=False)
         assert llm.engine.stats._prefix_hits > 0
-    assert skipped > 0 and len(seen) > 20
+    assert len(seen) > 20
     ref = _Reference(target, head)
     for history, drafts in seen:
         assert drafts == ref.drafts(history, k), f"history of {len(history)} tokens"
+
+
+def test_disable_by_batch_size_leaves_the_head_idle(llama: tuple[Path, Path, list]) -> None:
+    """disable_by_batch_size=4, six requests: in a step with four or more running the head does not run at all,
+    and those requests never draft again (the head's KV has a gap), though their tokens are exact. A request
+    admitted later whose prompt repeats one of theirs, outputs included, recomputes the blocks filled while the
+    head was idle (partial prefix-cache hits), so its drafts equal the reference head's."""
+    target, head, ref_tokens = llama
+    k = 3
+    llm = LLM(model=target, speculative_config=_spec(head, k, disable_by_batch_size=4), num_gpu_blocks_override=256,
+              block_size=4)
+    runner = llm.engine.runner
+    seen = _record_drafts(llm, k)
+    active, idle_calls, propose = [True], [0], runner.proposer.propose
+    execute = runner.execute
+
+    def step(sched: Any) -> Any:
+        active[0] = sched.spec_active
+        return execute(sched)
+
+    def counted(*args: Any, **kwargs: Any) -> None:
+        idle_calls[0] += not active[0]
+        propose(*args, **kwargs)
+
+    runner.execute = step  # type: ignore[method-assign]
+    runner.proposer.propose = counted  # type: ignore[method-assign]
+    head_forwards, run_head = [0], runner.proposer._head
+
+    def counted_head(*args: Any, **kwargs: Any) -> Any:
+        head_forwards[0] += not active[0]
+        return run_head(*args, **kwargs)
+
+    runner.proposer._head = counted_head  # type: ignore[method-assign]
+    assert _tokens(llm) == ref_tokens
+    assert idle_calls[0] == 0 and head_forwards[0] == 0
+    assert llm.engine.stats.spec_decode_counts[0] == 0  # all six ran while it was off: no verify step
+    assert seen  # the first step (nothing running yet) drafted, as did the steps after four had finished
+    seen.clear()
+    longest = _prompts()[-1] + ref_tokens[-1][:14]  # 61 tokens: the last 14 positions were filled while idle
+    hits = llm.engine.stats._prefix_hits
+    out = llm.generate([{"prompt_token_ids": longest}], GREEDY, use_tqdm=False)[0].outputs[0].token_ids
+    assert llm.engine.stats._prefix_hits > hits and llm.engine.stats.spec_decode_counts[0] > 0
+    assert len(seen) > 3
+    ref = _Reference(target, head)
+    for history, drafts in seen:
+        assert drafts == ref.drafts(history, k), f"history of {len(history)} tokens"
+    assert out == LLM(model=target, num_gpu_blocks_override=256).generate(
+        [{"prompt_token_ids": longest}], GREEDY, use_tqdm=False)[0].outputs[0].token_ids
 
 
 # -- end to end --------------------------------------------------------------------------------------------------
