@@ -9,7 +9,8 @@ as issue 17's table (kernel_table.py). Example: python tools/bench_step_breakdow
 
 With --speculative-method (ngram, eagle, draft_model; --num-speculative-tokens k, --draft-model DIR) the steps are
 verify steps of 1 + k tokens per request and the kernel table is per step, proposer included: where a verify
-step's time goes next to a plain decode step's (issue 16). The timed device parts are plain-decode only and are
+step's time goes next to a plain decode step's (issue 16); with --disable-by-batch-size at or below --batch they are
+a speculative engine's plain decode steps (what speculation switched off costs). The timed device parts are plain-decode only and are
 skipped then.
 """
 
@@ -129,6 +130,8 @@ def speculative_config(args: argparse.Namespace) -> dict[str, Any] | None:
         if args.draft_model is None:
             raise ValueError(f"--speculative-method {args.speculative_method} needs --draft-model DIR")
         spec["model"] = args.draft_model
+    if args.disable_by_batch_size is not None:
+        spec["disable_by_batch_size"] = args.disable_by_batch_size
     return spec
 
 
@@ -146,7 +149,10 @@ def main() -> None:
     ap.add_argument("--json", default="bench_step_breakdown.json")
     ap.add_argument("--speculative-method", choices=("ngram", "eagle", "draft_model"), default=None)
     ap.add_argument("--num-speculative-tokens", type=int, default=4)
+    ap.add_argument("--disable-by-batch-size", type=int, default=None,
+                    help="speculation off at this batch: the steps are plain decodes of a speculative engine")
     ap.add_argument("--draft-model", default=None, help="the draft's (eagle: the head's) directory")
+    ap.add_argument("--cprofile", default=None, help="also profile --steps host steps with cProfile into this file")
     args = ap.parse_args()
     device = bench_common.resolve_device(args.device)
     if args.batch < 1 or args.steps < 1 or args.profile_steps < 0:
@@ -166,6 +172,15 @@ def main() -> None:
             temperature=0.0, max_tokens=(1 + k) * decode_steps, ignore_eos=True, detokenize=False))
     for _ in range(4 + args.batch // 8):  # prefill, then into steady decode
         llm.engine.step()
+    if args.cprofile:  # where the host's time goes: the timed steps under cProfile (slower), top functions by own time
+        import cProfile
+        import pstats
+
+        prof = cProfile.Profile()
+        prof.runcall(host_ms, llm, args.steps)
+        with open(args.cprofile, "w") as f:
+            pstats.Stats(prof, stream=f).sort_stats("tottime").print_stats(40)
+            pstats.Stats(prof, stream=f).sort_stats("cumulative").print_stats(40)
     host = host_ms(llm, args.steps)
     # per token at plain decode; per step with speculation (a step emits 1 to 1 + k tokens per request)
     per = args.batch if spec is None else 1

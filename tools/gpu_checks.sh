@@ -13,6 +13,7 @@
 #   bash tools/gpu_checks.sh rej        # the rejection kernels: walk vs split, copy workload both ways, k = 8
 #   bash tools/gpu_checks.sh spec-why   # model proposers' verify-step kernel tables at k = 2 and 4 (0.6B shape)
 #   bash tools/gpu_checks.sh spec-demo  # the demo model drafting for itself and with an EAGLE head: step cost per k
+#   bash tools/gpu_checks.sh spec-b64   # batch 64 with speculation off: plain vs EAGLE vs draft model engines, per step
 #   bash tools/gpu_checks.sh spec16c    # the draft steps' advance kernel: unit kernels on CUDA, model proposers' GPU tests
 #   bash tools/gpu_checks.sh spec16     # spec GPU tests, copy workload at k = 4, 8, 12, verify table, P1 phases
 #   bash tools/gpu_checks.sh spec-table # kernel tables of those verify steps next to a plain decode step's (same carry)
@@ -51,7 +52,7 @@
 # limit so the last phase still ends (and is tarred) inside the device call:
 #   DEADLINE=560 bash tools/gpu_checks.sh tests-a tests-b
 set -u
-[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-pair-table | spec-why | spec-demo | spec16c | spec-cost | spec-table | rej | spec16 | spec16b | gemv | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | final15 | attn-spills | attn-best | p1-rows | bench2 | startup | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-pair-table | spec-why | spec-demo | spec-b64 | spec-b64-host | spec16c | spec-cost | spec-table | rej | spec16 | spec16b | gemv | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | final15 | attn-spills | attn-best | p1-rows | bench2 | startup | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
 OUT=${OUT:-/tmp/out}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 END=$(( $(date +%s) + ${DEADLINE:-100000} ))
@@ -277,6 +278,38 @@ spec-demo)
   GRAPHRUNNER_PDL=0 T 90 python3 tools/bench_step_breakdown.py --model graphrunner/demo_model --steps 30 \
     --profile-steps 40 --speculative-method draft_model --draft-model graphrunner/demo_model \
     --json "$R/verify_self_k4.json" --trace /tmp/trace.json > "$R/verify_self_k4.log" 2>&1
+  ;;
+spec-b64)
+  model
+  proposers
+  # issue 16's batch-64 check after disable_by_batch_size stopped the model proposers (the trained pair measured
+  # EAGLE 0.85x, the draft model 1.03x): host and device per step of the plain engine and of each speculative one
+  # with speculation off (0.6B shape, random proposers), bench_spec at b = 64; then a prefix-cache hit with a
+  # 4-token suffix (a piecewise step: the trained pair's took ~15-20 ms)
+  T 90 python3 tools/bench_step_breakdown.py --model /tmp/q06 --batch 64 --steps 40 --profile-steps 20 \
+    --json "$R/b64_plain.json" --trace /tmp/trace.json > "$R/b64_plain.log" 2>&1
+  for m in eagle draft_model; do
+    d=/tmp/q06draft; [ "$m" = eagle ] && d=/tmp/q06eagle
+    T 90 python3 tools/bench_step_breakdown.py --model /tmp/q06 --batch 64 --steps 40 --profile-steps 20 \
+      --speculative-method "$m" --draft-model "$d" --disable-by-batch-size 32 --json "$R/b64_$m.json" \
+      --trace /tmp/trace.json > "$R/b64_$m.log" 2>&1
+  done
+  T 150 python3 tools/bench_spec.py --model /tmp/q06 --no-peer --method eagle --draft-model /tmp/q06eagle \
+    --workloads random --batch-sizes 64 --k 4 --disable-by-batch-size 32 --repeats 3 --json "$R/spec_eagle_b64.json" \
+    > "$R/spec_eagle_b64.log" 2>&1
+  T 90 python3 tools/bench_prefix_cache.py --model /tmp/q06 --prefix-len 200 --suffix-len 4 --repeats 5 --phases \
+    --json "$R/p1_suffix4.json" > "$R/p1_suffix4.log" 2>&1
+  ;;
+spec-b64-host)
+  model
+  proposers
+  # why the EAGLE engine's host step at batch 64 with speculation off took 1.63 ms against the draft model's 0.85
+  # and the plain engine's 0.92 (spec-b64): its timed steps under cProfile, the plain engine's beside them
+  for m in eagle plain; do
+    a=(--speculative-method eagle --draft-model /tmp/q06eagle --disable-by-batch-size 32); [ "$m" = plain ] && a=()
+    T 100 python3 tools/bench_step_breakdown.py --model /tmp/q06 --batch 64 --steps 40 --profile-steps 0 "${a[@]}" \
+      --cprofile "$R/cprofile_$m.txt" --json "$R/b64_$m.json" > "$R/b64_$m.log" 2>&1
+  done
   ;;
 spec16c)
   # the draft steps' advance as one Triton launch: the unit kernels on CUDA, then the model proposers' GPU tests
