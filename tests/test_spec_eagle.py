@@ -337,6 +337,30 @@ def test_full_bodies_draft_with_the_head(exact: tuple[Path, Path, list]) -> None
     assert draft_tokens > 0 and accepted == draft_tokens
 
 
+def test_full_bodies_draft_what_the_reference_head_drafts(llama: tuple[Path, Path, list]) -> None:
+    """Every step through the FULL bodies (verify graphs, a mixed graph for the admission, Triton attention as on a
+    GPU, interpreted here) with a random head: each draft equals the reference head's over the accepted history,
+    so the head's KV positions and the draft steps inside a graph are the eager path's (the attention-free pair
+    above accepts every draft whatever its attention reads)."""
+    target, head, ref_tokens = llama
+    k = 3
+    llm = LLM(model=target, speculative_config=_spec(head, k), num_gpu_blocks_override=60, max_model_len=96,
+              max_num_seqs=8, attention_backend="triton", use_triton=True)
+    runner = llm.engine.runner
+    manager = _GraphlessFull(runner.model_state, runner.buffers, None, [1, 2, 8], [], runner.max_model_len, [(8, 128)])
+    manager.bodies = runner.capture_bodies()
+    runner.graphs = manager
+    seen = _record_drafts(llm, k)
+    n = 12
+    assert _tokens(llm, SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)) == [r[:n] for r in ref_tokens]
+    assert manager.verify_replays >= 5 and manager.mixed_steps >= 1
+    real = [(history, drafts) for history, drafts in seen if len(history) >= 2]  # not the padding rows
+    assert len(real) > 15
+    ref = _Reference(target, head)
+    for history, drafts in real:
+        assert drafts == ref.drafts(history, k), f"history of {len(history)} tokens"
+
+
 # -- refusals ----------------------------------------------------------------------------------------------------
 def test_bad_heads_are_refused(llama: tuple[Path, Path, list], tmp_path: Path) -> None:
     target, _, _ = llama
