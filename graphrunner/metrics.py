@@ -304,6 +304,11 @@ class EngineStats:
                     self._spec_accepted_per_pos[pos] += 1
 
     @property
+    def spec_accepted_per_pos(self) -> tuple[int, ...]:
+        """Verify steps so far whose draft at position i (0-based) was accepted, per position."""
+        return tuple(self._spec_accepted_per_pos)
+
+    @property
     def spec_decode_counts(self) -> tuple[int, int, int]:
         """(drafts, draft tokens, accepted tokens) so far; mean acceptance length = 1 + accepted / drafts."""
         return self._spec_drafts, self._spec_draft_tokens, self._spec_accepted

@@ -227,4 +227,5 @@ def test_metrics_expose_spec_counters(model_case: tuple[Path, list]) -> None:
     assert lines["vllm:spec_decode_num_drafts_total"] == drafts
     per_pos = {m.name: m for m in llm.get_metrics()}["vllm:spec_decode_num_accepted_tokens_per_pos"]
     assert sum(per_pos.values) == accepted and len(per_pos.values) == 3
+    assert llm.engine.stats.spec_accepted_per_pos == tuple(per_pos.values)
     assert per_pos.values == sorted(per_pos.values, reverse=True)  # accepted runs are prefixes

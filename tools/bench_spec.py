@@ -95,11 +95,11 @@ def run_case(args: argparse.Namespace, device: Any, workload: str, batch: int, s
     # the capped steps at the end) to compile inside the first timed repeat (~0.3-0.8 s on the H200, eleventh session)
     ours_generate(llm, prompts, args.output_len, 0.0)
     steps[0] = 0
-    before = llm.engine.stats.spec_decode_counts
+    before, pos_before = llm.engine.stats.spec_decode_counts, llm.engine.stats.spec_accepted_per_pos
     mark, frames = len(specs.seen), _dynamo_frames()
     res = measure_ttft_tpot(lambda n: ours_generate(llm, prompts, n, 0.0), args.output_len, args.repeats, device,
                             warmup_lens=(1,))
-    after = llm.engine.stats.spec_decode_counts
+    after, pos_after = llm.engine.stats.spec_decode_counts, llm.engine.stats.spec_accepted_per_pos
     # a compile inside the timed repeats (a cold cache made one n-gram run 5x slower, twelfth session): name it
     res["new_triton_specialisations"] = specs.since(mark)
     res["dynamo_frames_compiled"] = _dynamo_frames() - frames
@@ -123,6 +123,10 @@ def run_case(args: argparse.Namespace, device: Any, workload: str, batch: int, s
     drafts, accepted = after[0] - before[0], after[2] - before[2]
     res["mean_acceptance_length"] = 1 + accepted / drafts if drafts else None
     res["draft_tokens"] = after[1] - before[1]
+    # the share of verify steps whose draft i was accepted: falls with i; its first entries should not depend on k
+    res["acceptance_per_pos"] = [round((b - a) / drafts, 4) for a, b in zip(pos_before, pos_after)] if drafts else []
+    if drafts:
+        print(f"    accepted per draft position: {res['acceptance_per_pos']}", flush=True)
     return res
 
 
