@@ -159,7 +159,7 @@ def main() -> None:
         raise ValueError("--batch and --steps must be >= 1, --profile-steps >= 0")
     spec = speculative_config(args)
     k = 0 if spec is None else args.num_speculative_tokens
-    decode_steps = args.steps + args.profile_steps + 24
+    decode_steps = args.steps * (2 if args.cprofile else 1) + args.profile_steps + 24  # --cprofile times them twice
     llm = LLM(model=args.model, device=str(device), max_model_len=args.prompt_len + (1 + k) * decode_steps + 32,
               max_num_seqs=max(8, args.batch), enforce_eager=args.enforce_eager, speculative_config=spec)
     vocab = min(bench_common.PROMPT_VOCAB, llm.engine.config.model.vocab_size)
