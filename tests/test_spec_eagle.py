@@ -28,7 +28,7 @@ from graphrunner import LLM, SamplingParams
 from graphrunner.attention import forward_context
 from graphrunner.attention.testing import contiguous_batch
 from graphrunner.loader import load_model
-from graphrunner.step_plan import StepBodies, StepPlan
+from graphrunner.step_plan import StepBodies, StepMode, StepPlan
 from model_states.eagle import EagleModelState
 
 NEW_TOKENS = 24
@@ -354,8 +354,15 @@ def test_full_bodies_draft_what_the_reference_head_drafts(llama: tuple[Path, Pat
     n = 12
     assert _tokens(llm, SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)) == [r[:n] for r in ref_tokens]
     assert manager.verify_replays >= 5 and manager.mixed_steps >= 1
+    # min_tokens: its first decodes have no draft slots, so they replay the plain-decode graph, which only observes
+    # with the head; the drafts after them read the KV those steps wrote
+    before = manager.mode_counts[StepMode.FULL]
+    alone = SamplingParams(temperature=0.0, max_tokens=n, min_tokens=5, ignore_eos=True)
+    assert llm.generate([{"prompt_token_ids": _prompts()[4]}], alone, use_tqdm=False)[0].outputs[0].token_ids == \
+        ref_tokens[4][:n]
+    assert manager.mode_counts[StepMode.FULL] - before >= 6
     real = [(history, drafts) for history, drafts in seen if len(history) >= 2]  # not the padding rows
-    assert len(real) > 15
+    assert len(real) > 15 and any(len(h) > len(_prompts()[4]) + 5 for h, _ in real[-3:])
     ref = _Reference(target, head)
     for history, drafts in real:
         assert drafts == ref.drafts(history, k), f"history of {len(history)} tokens"
