@@ -22,6 +22,8 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +39,44 @@ from graphrunner.sampling import gumbel_split
 from graphrunner.sampling.sampler import run_sampler
 from graphrunner.state_kernels import post_update
 from graphrunner.step_plan import StepMode, StepPlan
+
+
+def process_facts() -> dict[str, Any]:
+    """Threads (Python and native), the collector's counts and frozen objects, torch's intra-op threads and the CPUs
+    this process may run on: the EAGLE engine's host steps ran ~1.7x slower than the others' with the same work
+    (eighteenth session), and these are the first suspects."""
+    import gc
+    import os
+    import threading
+
+    tasks = len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else -1
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else -1
+    return {"python_threads": sorted(t.name for t in threading.enumerate()), "native_threads": tasks,
+            "gc_counts": gc.get_count(), "gc_tracked": len(gc.get_objects()), "gc_frozen": gc.get_freeze_count(),
+            "torch_threads": torch.get_num_threads(), "cpus": cpus}
+
+
+@contextmanager
+def collections_during() -> Iterator[dict[int, list[float]]]:
+    """Garbage collections inside the block, per generation: [count, seconds]."""
+    import gc
+
+    out: dict[int, list[float]] = {0: [0, 0.0], 1: [0, 0.0], 2: [0, 0.0]}
+    started = [0.0]
+
+    def callback(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            started[0] = time.perf_counter()
+        else:
+            entry = out[info["generation"]]
+            entry[0] += 1
+            entry[1] += time.perf_counter() - started[0]
+
+    gc.callbacks.append(callback)
+    try:
+        yield out
+    finally:
+        gc.callbacks.remove(callback)
 
 
 def host_ms(llm: LLM, steps: int) -> list[float]:
@@ -181,7 +221,10 @@ def main() -> None:
         with open(args.cprofile, "w") as f:
             pstats.Stats(prof, stream=f).sort_stats("tottime").print_stats(40)
             pstats.Stats(prof, stream=f).sort_stats("cumulative").print_stats(40)
-    host = host_ms(llm, args.steps)
+    process = process_facts()  # what else the process holds while it steps (threads, the collector, CPU set)
+    with collections_during() as gc_during:
+        host = host_ms(llm, args.steps)
+    process["gc_during_timed_steps"] = gc_during  # generation -> [collections, seconds]
     # per token at plain decode; per step with speculation (a step emits 1 to 1 + k tokens per request)
     per = args.batch if spec is None else 1
     table = kernel_profile(llm, args.profile_steps, per, args.trace) if args.profile_steps else None
@@ -190,7 +233,8 @@ def main() -> None:
     switches = {"GRAPHRUNNER_SPLIT_SAMPLE": int(gumbel_split.SPLIT_SAMPLE_ENABLED), "GRAPHRUNNER_PDL": int(pdl_on)}
     print(f"switches: {switches}")
     result = {"host_ms_median": statistics.median(host), "device_ms": parts, "kernels": table, "args": vars(args),
-              "switches": switches, "env": bench_common.env_info()}
+              "switches": switches, "env": bench_common.env_info(), "process": process}
+    print(f"process: {process}")
     mode = "CUDA graphs" if llm.engine.runner.graphs is not None else "no graphs"
     what = "decode steps" if spec is None else f"verify steps ({spec['method']}, k = {k}; figures per step)"
     if spec is not None:

@@ -304,9 +304,11 @@ spec-b64-host)
   model
   proposers
   # why the EAGLE engine's host step at batch 64 with speculation off took 1.63 ms against the draft model's 0.85
-  # and the plain engine's 0.92 (spec-b64): its timed steps under cProfile, the plain engine's beside them
-  for m in eagle plain; do
-    a=(--speculative-method eagle --draft-model /tmp/q06eagle --disable-by-batch-size 32); [ "$m" = plain ] && a=()
+  # and the plain engine's 0.92 (spec-b64): each engine's timed steps under cProfile, and its process facts (threads,
+  # collections during the timed steps, the collector's heap, torch's threads, the CPU set) in the log and JSON
+  for m in eagle draft_model plain; do
+    d=/tmp/q06draft; [ "$m" = eagle ] && d=/tmp/q06eagle
+    a=(--speculative-method "$m" --draft-model "$d" --disable-by-batch-size 32); [ "$m" = plain ] && a=()
     T 100 python3 tools/bench_step_breakdown.py --model /tmp/q06 --batch 64 --steps 40 --profile-steps 0 "${a[@]}" \
       --cprofile "$R/cprofile_$m.txt" --json "$R/b64_$m.json" > "$R/b64_$m.log" 2>&1
   done
