@@ -18,9 +18,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import json
+import os
 import statistics
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -45,10 +48,6 @@ def process_facts() -> dict[str, Any]:
     """Threads (Python and native), the collector's counts and frozen objects, torch's intra-op threads and the CPUs
     this process may run on: the EAGLE engine's host steps ran ~1.7x slower than the others' with the same work
     (eighteenth session), and these are the first suspects."""
-    import gc
-    import os
-    import threading
-
     tasks = len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else -1
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else -1
     return {"python_threads": sorted(t.name for t in threading.enumerate()), "native_threads": tasks,
@@ -59,8 +58,6 @@ def process_facts() -> dict[str, Any]:
 @contextmanager
 def collections_during() -> Iterator[dict[int, list[float]]]:
     """Garbage collections inside the block, per generation: [count, seconds]."""
-    import gc
-
     out: dict[int, list[float]] = {0: [0, 0.0], 1: [0, 0.0], 2: [0, 0.0]}
     started = [0.0]
 
