@@ -42,6 +42,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prompt-lookup-max", type=int, default=4)
     p.add_argument("--disable-by-batch-size", type=int, default=None)
     p.add_argument("--passage-len", type=int, default=200, help="copy workload: passage length (tokens)")
+    p.add_argument("--passages", type=int, default=None,
+                   help="groups of --batch-sizes prompts generated one after another in each timed run (default: 8 "
+                        "for text, whose acceptance varies from passage to passage, else 1); figures are per group")
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--max-model-len", type=int, default=1024)
@@ -49,6 +52,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def prompts_for(workload: str, batch: int, passage_len: int, vocab: int, text_ids: str | None = None) -> list[list[int]]:
+    """`batch` prompts of the workload (the same ones in every case of a run: the generator's seed is fixed)."""
     rng = random.Random(0)
     if workload == "text":
         if text_ids is None:
@@ -81,8 +85,16 @@ def run_case(args: argparse.Namespace, device: Any, workload: str, batch: int, s
     llm = LLM(model=args.model, max_model_len=args.max_model_len, max_num_seqs=max(batch, 1), device=str(device),
               enforce_eager=args.enforce_eager, gpu_memory_utilization=args.gpu_memory_utilization,
               speculative_config=spec)
-    prompts = prompts_for(workload, batch, args.passage_len, min(10000, llm.engine.config.model.vocab_size),
+    # a single passage's 127 greedy tokens gave acceptance figures no single per-position rate fits (eighteenth
+    # session); several passages, each group at the case's batch size, average over the text
+    passages = args.passages if args.passages is not None else (8 if workload == "text" else 1)
+    prompts = prompts_for(workload, batch * passages, args.passage_len, min(10000, llm.engine.config.model.vocab_size),
                           args.text_ids)
+    groups = [prompts[i:i + batch] for i in range(0, len(prompts), batch)]
+
+    def generate(n: int) -> None:
+        for group in groups:
+            ours_generate(llm, group, n, 0.0)
     steps = [0]
     execute = llm.engine.runner.execute
 
@@ -93,12 +105,13 @@ def run_case(args: argparse.Namespace, device: Any, workload: str, batch: int, s
     llm.engine.runner.execute = counted  # type: ignore[method-assign]
     # warm-up over the whole length: a short one left kernel variants (verify steps past the first n-gram hits,
     # the capped steps at the end) to compile inside the first timed repeat (~0.3-0.8 s on the H200, eleventh session)
-    ours_generate(llm, prompts, args.output_len, 0.0)
+    generate(args.output_len)
     steps[0] = 0
     before, pos_before = llm.engine.stats.spec_decode_counts, llm.engine.stats.spec_accepted_per_pos
     mark, frames = len(specs.seen), _dynamo_frames()
-    res = measure_ttft_tpot(lambda n: ours_generate(llm, prompts, n, 0.0), args.output_len, args.repeats, device,
-                            warmup_lens=(1,))
+    res = measure_ttft_tpot(generate, args.output_len, args.repeats, device, warmup_lens=(1,))
+    res["ttft_ms"], res["tpot_ms"] = res["ttft_ms"] / len(groups), res["tpot_ms"] / len(groups)  # per group
+    res["passages"] = len(groups)
     after, pos_after = llm.engine.stats.spec_decode_counts, llm.engine.stats.spec_accepted_per_pos
     # a compile inside the timed repeats (a cold cache made one n-gram run 5x slower, twelfth session): name it
     res["new_triton_specialisations"] = specs.since(mark)
@@ -110,16 +123,16 @@ def run_case(args: argparse.Namespace, device: Any, workload: str, batch: int, s
     steps[0] = 0
     graphs = llm.engine.runner.graphs
     modes = dict(graphs.mode_counts) if graphs is not None else {}
-    ours_generate(llm, prompts, args.output_len, 0.0)
-    decode_steps = steps[0] - 1  # the first step is the prefill
+    generate(args.output_len)
+    decode_steps = steps[0] - len(groups)  # each group's first step is its prefill
     if graphs is not None:  # how the counted run's steps ran (a verify step that missed its FULL graph shows here)
         res["step_modes"] = {m.name: n - modes.get(m, 0) for m, n in graphs.mode_counts.items() if n - modes.get(m, 0)}
         print(f"    steps by mode: {res['step_modes']}", flush=True)
     res["decode_steps"] = decode_steps
-    res["step_ms"] = res["tpot_ms"] * (args.output_len - 1) / max(1, decode_steps)
+    res["step_ms"] = res["tpot_ms"] * len(groups) * (args.output_len - 1) / max(1, decode_steps)
     # tokens each request gains per decode step: below the mean acceptance length when some steps find no draft
     # (acceptance counts only the steps that verified drafts); TPOT ~ step_ms / tokens_per_step
-    res["tokens_per_step"] = (args.output_len - 1) / max(1, decode_steps)
+    res["tokens_per_step"] = len(groups) * (args.output_len - 1) / max(1, decode_steps)
     drafts, accepted = after[0] - before[0], after[2] - before[2]
     res["mean_acceptance_length"] = 1 + accepted / drafts if drafts else None
     res["draft_tokens"] = after[1] - before[1]

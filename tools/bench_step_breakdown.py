@@ -52,7 +52,55 @@ def process_facts() -> dict[str, Any]:
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else -1
     return {"python_threads": sorted(t.name for t in threading.enumerate()), "native_threads": tasks,
             "gc_counts": gc.get_count(), "gc_tracked": len(gc.get_objects()), "gc_frozen": gc.get_freeze_count(),
-            "torch_threads": torch.get_num_threads(), "cpus": cpus}
+            "torch_threads": torch.get_num_threads(), "cpus": cpus, **interpreter_state()}
+
+
+def interpreter_state() -> dict[str, Any]:
+    """Hooks that slow every frame or every torch op: a trace/profile function, Dynamo's eval-frame callback,
+    torch function/dispatch modes, grad and inference mode. Read inside a step (see host_ms) as well as outside."""
+    eval_frame = getattr(torch._C._dynamo.eval_frame, "get_eval_frame_callback", None)
+    return {"trace": repr(sys.gettrace()), "profile": repr(sys.getprofile()),
+            "eval_frame": repr(eval_frame()) if eval_frame is not None else "unknown",
+            "function_modes": torch._C._len_torch_function_stack(), "dispatch_modes": torch._C._len_torch_dispatch_stack(),
+            "grad": torch.is_grad_enabled(), "inference": torch.is_inference_mode_enabled()}
+
+
+def interpreter_probe(device: torch.device) -> dict[str, float]:
+    """Nanoseconds per iteration of four loops: pure bytecode, a Python call, a CPU torch op, a device torch op.
+    Which of them slowed down tells a slower CPU or a contended GIL (all) from a frame hook (calls) or a torch
+    mode / dispatch change (ops)."""
+    def f(i: int) -> int:
+        return i
+
+    def per(fn: Any, n: int) -> float:
+        best = float("inf")
+        for _ in range(5):
+            t0 = time.perf_counter()
+            fn(n)
+            best = min(best, (time.perf_counter() - t0) / n * 1e9)
+        return round(best, 1)
+
+    def loop(n: int) -> None:
+        x = 0
+        for i in range(n):
+            x += i
+
+    def calls(n: int) -> None:
+        for i in range(n):
+            f(i)
+
+    cpu, dev = torch.zeros(8), torch.zeros(8, device=device)
+
+    def ops(t: torch.Tensor) -> Any:
+        def run(n: int) -> None:
+            for _ in range(n):
+                t.add_(1)
+        return run
+
+    out = {"loop_ns": per(loop, 200_000), "call_ns": per(calls, 100_000), "cpu_op_ns": per(ops(cpu), 5_000)}
+    out["device_op_ns"] = per(ops(dev), 2_000)
+    bench_common.synchronize(device)
+    return out
 
 
 @contextmanager
@@ -76,12 +124,16 @@ def collections_during() -> Iterator[dict[int, list[float]]]:
         gc.callbacks.remove(callback)
 
 
-def host_ms(llm: LLM, steps: int) -> list[float]:
-    """Host milliseconds of each engine.step(): its wall time minus the wait for the previous step's output."""
+def host_ms(llm: LLM, steps: int, inside: dict[str, Any] | None = None) -> list[float]:
+    """Host milliseconds of each engine.step(): its wall time minus the wait for the previous step's output.
+    `inside` receives interpreter_state() as read in the first step's wait for its output."""
     blocked: list[float] = []
+    inside = {} if inside is None else inside
     original = AsyncStepOutput.result
 
     def timed_result(self: AsyncStepOutput) -> dict[str, torch.Tensor]:
+        if not inside:
+            inside.update(interpreter_state())
         t0 = time.perf_counter()
         try:
             return original(self)
@@ -195,6 +247,7 @@ def main() -> None:
     if args.batch < 1 or args.steps < 1 or args.profile_steps < 0:
         raise ValueError("--batch and --steps must be >= 1, --profile-steps >= 0")
     spec = speculative_config(args)
+    probe_before = interpreter_probe(device)  # the same loops before any engine exists: the process's baseline
     k = 0 if spec is None else args.num_speculative_tokens
     decode_steps = args.steps * (2 if args.cprofile else 1) + args.profile_steps + 24  # --cprofile times them twice
     llm = LLM(model=args.model, device=str(device), max_model_len=args.prompt_len + (1 + k) * decode_steps + 32,
@@ -219,9 +272,12 @@ def main() -> None:
             pstats.Stats(prof, stream=f).sort_stats("tottime").print_stats(40)
             pstats.Stats(prof, stream=f).sort_stats("cumulative").print_stats(40)
     process = process_facts()  # what else the process holds while it steps (threads, the collector, CPU set)
+    process["probe_before_engine"], process["probe_after_warmup"] = probe_before, interpreter_probe(device)
+    inside: dict[str, Any] = {}
     with collections_during() as gc_during:
-        host = host_ms(llm, args.steps)
+        host = host_ms(llm, args.steps, inside)
     process["gc_during_timed_steps"] = gc_during  # generation -> [collections, seconds]
+    process["inside_step"] = inside
     # per token at plain decode; per step with speculation (a step emits 1 to 1 + k tokens per request)
     per = args.batch if spec is None else 1
     table = kernel_profile(llm, args.profile_steps, per, args.trace) if args.profile_steps else None

@@ -52,7 +52,7 @@
 # limit so the last phase still ends (and is tarred) inside the device call:
 #   DEADLINE=560 bash tools/gpu_checks.sh tests-a tests-b
 set -u
-[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-pair-table | spec-why | spec-demo | spec-b64 | spec-b64-host | spec16c | spec-cost | spec-table | rej | spec16 | spec16b | gemv | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | final15 | attn-spills | attn-best | p1-rows | bench2 | startup | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-pair-table | spec-why | spec-demo | spec-b64 | spec-b64-host | spec-diag | spec16c | spec-cost | spec-table | rej | spec16 | spec16b | gemv | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | final15 | attn-spills | attn-best | p1-rows | bench2 | startup | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
 OUT=${OUT:-/tmp/out}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 END=$(( $(date +%s) + ${DEADLINE:-100000} ))
@@ -312,6 +312,14 @@ spec-b64-host)
     T 100 python3 tools/bench_step_breakdown.py --model /tmp/q06 --batch 64 --steps 40 --profile-steps 0 "${a[@]}" \
       --cprofile "$R/cprofile_$m.txt" --json "$R/b64_$m.json" > "$R/b64_$m.log" 2>&1
   done
+  ;;
+spec-diag)
+  # acceptance per draft position at k = 2 and 4 in each way of running a step (eager, piecewise, FULL), with the
+  # demo model as target and a head trained on CPU for it (carry data/cache/demo_eagle and data/cache/demo_corpus;
+  # tools/spec_acceptance.py says how to build the head): a k- or mode-dependent rate names the path that drafts
+  # worse. Run spec-b64-host after it: its process facts now hold the interpreter probes (loop, call, op timings)
+  T 200 python3 tools/spec_acceptance.py --model graphrunner/demo_model --draft-model data/cache/demo_eagle --k 2,4 \
+    --modes eager,piecewise,full_and_piecewise --json "$R/spec_acceptance.json" > "$R/spec_acceptance.log" 2>&1
   ;;
 spec16c)
   # the draft steps' advance as one Triton launch: the unit kernels on CUDA, then the model proposers' GPU tests
