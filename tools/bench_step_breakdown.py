@@ -55,6 +55,40 @@ def process_facts() -> dict[str, Any]:
             "torch_threads": torch.get_num_threads(), "cpus": cpus, **interpreter_state()}
 
 
+def _cpu_ticks(stat_glob: str) -> dict[str, int]:
+    """name -> utime + stime (clock ticks) of each /proc stat file matching the glob (threads or processes)."""
+    import glob
+
+    out: dict[str, int] = {}
+    for path in glob.glob(stat_glob):
+        try:
+            text = Path(path).read_text()
+        except OSError:  # it ended meanwhile
+            continue
+        comm, rest = text[text.index("(") + 1:text.rindex(")")], text[text.rindex(")") + 2:].split()
+        out[f"{path.split('/')[-2]}:{comm}"] = int(rest[11]) + int(rest[12])
+    return out
+
+
+def busy_while_idle(seconds: float = 1.0) -> dict[str, Any]:
+    """Who burns CPU while this process's main thread sleeps: its own threads and every process on the machine
+    using more than 5% of a CPU over `seconds` (a spinning thread or a busy compile worker shares the cores the
+    host step runs on), and the load average."""
+    if not os.path.isdir("/proc/self/task"):
+        return {}
+    hz = os.sysconf("SC_CLK_TCK")
+    threads, procs = _cpu_ticks("/proc/self/task/*/stat"), _cpu_ticks("/proc/[0-9]*/stat")
+    time.sleep(seconds)
+    threads2, procs2 = _cpu_ticks("/proc/self/task/*/stat"), _cpu_ticks("/proc/[0-9]*/stat")
+
+    def busy(a: dict[str, int], b: dict[str, int]) -> dict[str, float]:
+        pct = {k: 100.0 * (v - a.get(k, v)) / hz / seconds for k, v in b.items()}
+        return {k: round(v) for k, v in sorted(pct.items(), key=lambda kv: -kv[1]) if v > 5}
+
+    return {"threads_pct_cpu": busy(threads, threads2), "processes_pct_cpu": busy(procs, procs2),
+            "loadavg": os.getloadavg()}
+
+
 def interpreter_state() -> dict[str, Any]:
     """Hooks that slow every frame or every torch op: a trace/profile function, Dynamo's eval-frame callback,
     torch function/dispatch modes, grad and inference mode. Read inside a step (see host_ms) as well as outside."""
@@ -247,7 +281,8 @@ def main() -> None:
     if args.batch < 1 or args.steps < 1 or args.profile_steps < 0:
         raise ValueError("--batch and --steps must be >= 1, --profile-steps >= 0")
     spec = speculative_config(args)
-    probe_before = interpreter_probe(device)  # the same loops before any engine exists: the process's baseline
+    # the same loops before any engine exists: the process's baseline; and who else is busy then
+    probe_before, busy_before = interpreter_probe(device), busy_while_idle()
     k = 0 if spec is None else args.num_speculative_tokens
     decode_steps = args.steps * (2 if args.cprofile else 1) + args.profile_steps + 24  # --cprofile times them twice
     llm = LLM(model=args.model, device=str(device), max_model_len=args.prompt_len + (1 + k) * decode_steps + 32,
@@ -273,6 +308,8 @@ def main() -> None:
             pstats.Stats(prof, stream=f).sort_stats("cumulative").print_stats(40)
     process = process_facts()  # what else the process holds while it steps (threads, the collector, CPU set)
     process["probe_before_engine"], process["probe_after_warmup"] = probe_before, interpreter_probe(device)
+    process["busy_before_engine"], process["busy_after_warmup"] = busy_before, busy_while_idle()
+    process["probe_after_idle"] = interpreter_probe(device)  # after the second of sleep: a warm-up effect fades
     inside: dict[str, Any] = {}
     with collections_during() as gc_during:
         host = host_ms(llm, args.steps, inside)

@@ -52,7 +52,7 @@
 # limit so the last phase still ends (and is tarred) inside the device call:
 #   DEADLINE=560 bash tools/gpu_checks.sh tests-a tests-b
 set -u
-[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-pair-table | spec-why | spec-demo | spec-b64 | spec-b64-host | spec-diag | spec16c | spec-cost | spec-table | rej | spec16 | spec16b | gemv | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | final15 | attn-spills | attn-best | p1-rows | bench2 | startup | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-pair-table | spec-why | spec-demo | spec-b64 | spec-b64-host | spec-diag | host-probe | spec16c | spec-cost | spec-table | rej | spec16 | spec16b | gemv | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | final15 | attn-spills | attn-best | p1-rows | bench2 | startup | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
 OUT=${OUT:-/tmp/out}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 END=$(( $(date +%s) + ${DEADLINE:-100000} ))
@@ -320,6 +320,17 @@ spec-diag)
   # worse. Run spec-b64-host after it: its process facts now hold the interpreter probes (loop, call, op timings)
   T 200 python3 tools/spec_acceptance.py --model graphrunner/demo_model --draft-model data/cache/demo_eagle --k 2,4 \
     --modes eager,piecewise,full_and_piecewise --json "$R/spec_acceptance.json" > "$R/spec_acceptance.log" 2>&1
+  ;;
+host-probe)
+  model
+  # the interpreter ran ~2x slower after an engine's warm-up than before it, in every engine (spec-b64-host,
+  # nineteenth session): the plain engine at batch 64 as it is, with Inductor's compile workers off, and with one
+  # intra-op thread; each log's process facts say who burns CPU while the main thread sleeps
+  for v in default compile1 omp1; do
+    e=(); [ "$v" = compile1 ] && e=(TORCHINDUCTOR_COMPILE_THREADS=1); [ "$v" = omp1 ] && e=(OMP_NUM_THREADS=1)
+    env "${e[@]}" timeout 100 python3 tools/bench_step_breakdown.py --model /tmp/q06 --batch 64 --steps 40 \
+      --profile-steps 0 --json "$R/b64_plain_$v.json" > "$R/b64_plain_$v.log" 2>&1
+  done
   ;;
 spec16c)
   # the draft steps' advance as one Triton launch: the unit kernels on CUDA, then the model proposers' GPU tests
