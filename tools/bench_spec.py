@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import statistics
 from typing import Any
 
 from bench_common import (
@@ -21,10 +22,10 @@ from bench_common import (
     Row,
     TritonSpecialisations,
     add_common_args,
-    measure_ttft_tpot,
     ours_generate,
     parse_int_list,
     resolve_device,
+    timed,
 )
 
 
@@ -48,6 +49,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--max-model-len", type=int, default=1024)
+    p.add_argument("--interleave", action="store_true",
+                   help="all engines of a workload and batch alive at once, timed in turns (host-bound comparisons)")
     return p.parse_args(argv)
 
 
@@ -78,69 +81,111 @@ def _dynamo_frames() -> int:
     return int(counters["frames"]["ok"])
 
 
-def run_case(args: argparse.Namespace, device: Any, workload: str, batch: int, spec: dict | None,
-             specs: TritonSpecialisations) -> dict[str, Any]:
-    from graphrunner import LLM
+class Case:
+    """One engine (speculative or not) over a workload at a batch size: built and warmed up, then timed by
+    `time()` (one call or several, interleaved with other cases' calls), then `finish()` counts its steps."""
 
-    llm = LLM(model=args.model, max_model_len=args.max_model_len, max_num_seqs=max(batch, 1), device=str(device),
-              enforce_eager=args.enforce_eager, gpu_memory_utilization=args.gpu_memory_utilization,
-              speculative_config=spec)
-    # a single passage's 127 greedy tokens gave acceptance figures no single per-position rate fits (eighteenth
-    # session); several passages, each group at the case's batch size, average over the text
-    passages = args.passages if args.passages is not None else (8 if workload == "text" else 1)
-    prompts = prompts_for(workload, batch * passages, args.passage_len, min(10000, llm.engine.config.model.vocab_size),
-                          args.text_ids)
-    groups = [prompts[i:i + batch] for i in range(0, len(prompts), batch)]
+    def __init__(self, args: argparse.Namespace, device: Any, workload: str, batch: int, spec: dict | None,
+                 specs: TritonSpecialisations, memory_share: float = 1.0) -> None:
+        from graphrunner import LLM
 
-    def generate(n: int) -> None:
-        for group in groups:
-            ours_generate(llm, group, n, 0.0)
-    steps = [0]
-    execute = llm.engine.runner.execute
+        self.args, self.device, self.specs = args, device, specs
+        self.llm = llm = LLM(model=args.model, max_model_len=args.max_model_len, max_num_seqs=max(batch, 1),
+                             device=str(device), enforce_eager=args.enforce_eager,
+                             gpu_memory_utilization=args.gpu_memory_utilization * memory_share,
+                             speculative_config=spec)
+        # a single passage's 127 greedy tokens gave acceptance figures no single per-position rate fits (eighteenth
+        # session); several passages, each group at the case's batch size, average over the text
+        passages = args.passages if args.passages is not None else (8 if workload == "text" else 1)
+        prompts = prompts_for(workload, batch * passages, args.passage_len,
+                              min(10000, llm.engine.config.model.vocab_size), args.text_ids)
+        self.groups = [prompts[i:i + batch] for i in range(0, len(prompts), batch)]
+        self.steps = 0
+        execute = llm.engine.runner.execute
 
-    def counted(sched: Any) -> Any:
-        steps[0] += 1
-        return execute(sched)
+        def counted(sched: Any) -> Any:
+            self.steps += 1
+            return execute(sched)
 
-    llm.engine.runner.execute = counted  # type: ignore[method-assign]
-    # warm-up over the whole length: a short one left kernel variants (verify steps past the first n-gram hits,
-    # the capped steps at the end) to compile inside the first timed repeat (~0.3-0.8 s on the H200, eleventh session)
-    generate(args.output_len)
-    steps[0] = 0
-    before, pos_before = llm.engine.stats.spec_decode_counts, llm.engine.stats.spec_accepted_per_pos
-    mark, frames = len(specs.seen), _dynamo_frames()
-    res = measure_ttft_tpot(generate, args.output_len, args.repeats, device, warmup_lens=(1,))
-    res["ttft_ms"], res["tpot_ms"] = res["ttft_ms"] / len(groups), res["tpot_ms"] / len(groups)  # per group
-    res["passages"] = len(groups)
-    after, pos_after = llm.engine.stats.spec_decode_counts, llm.engine.stats.spec_accepted_per_pos
-    # a compile inside the timed repeats (a cold cache made one n-gram run 5x slower, twelfth session): name it
-    res["new_triton_specialisations"] = specs.since(mark)
-    res["dynamo_frames_compiled"] = _dynamo_frames() - frames
-    for name in res["new_triton_specialisations"]:
-        print(f"    first launched in the timed repeats: {name}", flush=True)
-    if res["dynamo_frames_compiled"]:
-        print(f"    Dynamo compiled {res['dynamo_frames_compiled']} frame(s) in the timed repeats", flush=True)
-    steps[0] = 0
-    graphs = llm.engine.runner.graphs
-    modes = dict(graphs.mode_counts) if graphs is not None else {}
-    generate(args.output_len)
-    decode_steps = steps[0] - len(groups)  # each group's first step is its prefill
-    if graphs is not None:  # how the counted run's steps ran (a verify step that missed its FULL graph shows here)
-        res["step_modes"] = {m.name: n - modes.get(m, 0) for m, n in graphs.mode_counts.items() if n - modes.get(m, 0)}
-        print(f"    steps by mode: {res['step_modes']}", flush=True)
-    res["decode_steps"] = decode_steps
-    res["step_ms"] = res["tpot_ms"] * len(groups) * (args.output_len - 1) / max(1, decode_steps)
-    # tokens each request gains per decode step: below the mean acceptance length when some steps find no draft
-    # (acceptance counts only the steps that verified drafts); TPOT ~ step_ms / tokens_per_step
-    res["tokens_per_step"] = len(groups) * (args.output_len - 1) / max(1, decode_steps)
-    drafts, accepted = after[0] - before[0], after[2] - before[2]
-    res["mean_acceptance_length"] = 1 + accepted / drafts if drafts else None
-    res["draft_tokens"] = after[1] - before[1]
-    # the share of verify steps whose draft i was accepted: falls with i; its first entries should not depend on k
-    res["acceptance_per_pos"] = [round((b - a) / drafts, 4) for a, b in zip(pos_before, pos_after)] if drafts else []
-    if drafts:
-        print(f"    accepted per draft position: {res['acceptance_per_pos']}", flush=True)
-    return res
+        llm.engine.runner.execute = counted  # type: ignore[method-assign]
+        # warm-up over the whole length: a short one left kernel variants (verify steps past the first n-gram
+        # hits, the capped steps at the end) to compile inside the first timed repeat (~0.3-0.8 s on the H200,
+        # eleventh session)
+        self.generate(args.output_len)
+        self.generate(1)
+        self.counts, self.per_pos = llm.engine.stats.spec_decode_counts, llm.engine.stats.spec_accepted_per_pos
+        self.mark, self.frames = len(specs.seen), _dynamo_frames()
+        self.t_first: list[float] = []
+        self.t_full: list[float] = []
+
+    def generate(self, n: int) -> None:
+        for group in self.groups:
+            ours_generate(self.llm, group, n, 0.0)
+
+    def time(self, repeats: int) -> None:
+        for _ in range(repeats):
+            self.t_first.append(timed(lambda: self.generate(1), self.device))
+            self.t_full.append(timed(lambda: self.generate(self.args.output_len), self.device))
+
+    def finish(self) -> dict[str, Any]:
+        """The figures, per group of prompts: TTFT = median run(1); TPOT = (median run(N) - TTFT) / (N - 1)."""
+        args, llm, g = self.args, self.llm, len(self.groups)
+        first, full = statistics.median(self.t_first), statistics.median(self.t_full)
+        res: dict[str, Any] = {"ttft_ms": first * 1e3 / g, "tpot_ms": (full - first) * 1e3 / g / max(1, args.output_len - 1),
+                               "t_first_s": self.t_first, "t_full_s": self.t_full, "passages": g}
+        after, pos_after = llm.engine.stats.spec_decode_counts, llm.engine.stats.spec_accepted_per_pos
+        # a compile inside the timed repeats (a cold cache made one n-gram run 5x slower, twelfth session): name it
+        res["new_triton_specialisations"] = self.specs.since(self.mark)
+        res["dynamo_frames_compiled"] = _dynamo_frames() - self.frames
+        for name in res["new_triton_specialisations"]:
+            print(f"    first launched in the timed repeats: {name}", flush=True)
+        if res["dynamo_frames_compiled"]:
+            print(f"    Dynamo compiled {res['dynamo_frames_compiled']} frame(s) in the timed repeats", flush=True)
+        self.steps = 0
+        graphs = llm.engine.runner.graphs
+        modes = dict(graphs.mode_counts) if graphs is not None else {}
+        self.generate(args.output_len)
+        decode_steps = self.steps - g  # each group's first step is its prefill
+        if graphs is not None:  # how the counted run's steps ran (a verify step that missed its FULL graph shows)
+            res["step_modes"] = {m.name: n - modes.get(m, 0) for m, n in graphs.mode_counts.items()
+                                 if n - modes.get(m, 0)}
+            print(f"    steps by mode: {res['step_modes']}", flush=True)
+        res["decode_steps"] = decode_steps
+        res["step_ms"] = res["tpot_ms"] * g * (args.output_len - 1) / max(1, decode_steps)
+        # tokens each request gains per decode step: below the mean acceptance length when some steps find no
+        # draft (acceptance counts only the steps that verified drafts); TPOT ~ step_ms / tokens_per_step
+        res["tokens_per_step"] = g * (args.output_len - 1) / max(1, decode_steps)
+        drafts, accepted = after[0] - self.counts[0], after[2] - self.counts[2]
+        res["mean_acceptance_length"] = 1 + accepted / drafts if drafts else None
+        res["draft_tokens"] = after[1] - self.counts[1]
+        # the share of verify steps whose draft i was accepted: falls with i; its first entries should not depend
+        # on k
+        res["acceptance_per_pos"] = ([round((b - a) / drafts, 4) for a, b in zip(self.per_pos, pos_after)]
+                                     if drafts else [])
+        if drafts:
+            print(f"    accepted per draft position: {res['acceptance_per_pos']}", flush=True)
+        return res
+
+
+def run_cases(args: argparse.Namespace, device: Any, workload: str, batch: int, specs_list: list[dict | None],
+              specs: TritonSpecialisations) -> list[dict[str, Any]]:
+    """Each spec's figures (None: no speculation). One engine at a time, or with --interleave all of them alive at
+    once, each taking its turn per repeat: the host's speed drifts by up to 2x within minutes on the H200's
+    machine (nineteenth session), which a host-bound comparison (batch 64) must not read as the engines'."""
+    if not args.interleave:
+        out = []
+        for spec in specs_list:
+            case = Case(args, device, workload, batch, spec, specs)
+            case.time(args.repeats)
+            out.append(case.finish())
+            del case
+        return out
+    n = len(specs_list)  # each engine's KV budget: its share of --gpu-memory-utilization, after the ones before it
+    cases = [Case(args, device, workload, batch, spec, specs, (i + 1) / n) for i, spec in enumerate(specs_list)]
+    for _ in range(args.repeats):
+        for case in cases:
+            case.time(1)
+    return [case.finish() for case in cases]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -158,9 +203,9 @@ def main(argv: list[str] | None = None) -> None:
     specs = TritonSpecialisations()
     for workload in [w.strip() for w in args.workloads.split(",") if w.strip()]:
         for batch in parse_int_list(args.batch_sizes):
-            base = run_case(args, device, workload, batch, None, specs)
-            for k in ks:
-                fast = run_case(args, device, workload, batch, {**spec, "num_speculative_tokens": k}, specs)
+            base, *fasts = run_cases(args, device, workload, batch,
+                                     [None, *({**spec, "num_speculative_tokens": k} for k in ks)], specs)
+            for k, fast in zip(ks, fasts):
                 key = f"{workload} b={batch}" + (f" k={k}" if len(ks) > 1 else "")
                 peer = "no spec"
                 report.add(Row(key, "TPOT", "ms", False, fast["tpot_ms"], peer, base["tpot_ms"]))
