@@ -113,10 +113,16 @@ class Case:
         # eleventh session)
         self.generate(args.output_len)
         self.generate(1)
-        self.counts, self.per_pos = llm.engine.stats.spec_decode_counts, llm.engine.stats.spec_accepted_per_pos
-        self.mark, self.frames = len(specs.seen), _dynamo_frames()
+        self.mark_start()
         self.t_first: list[float] = []
         self.t_full: list[float] = []
+
+    def mark_start(self) -> None:
+        """Count from here: the acceptance counters, and the kernels and frames first seen (an interleaved run
+        marks once every engine is built, so that one engine's warm-up is not read as another's timed compile)."""
+        stats = self.llm.engine.stats
+        self.counts, self.per_pos = stats.spec_decode_counts, stats.spec_accepted_per_pos
+        self.mark, self.frames = len(self.specs.seen), _dynamo_frames()
 
     def generate(self, n: int) -> None:
         for group in self.groups:
@@ -182,6 +188,8 @@ def run_cases(args: argparse.Namespace, device: Any, workload: str, batch: int, 
         return out
     n = len(specs_list)  # each engine's KV budget: its share of --gpu-memory-utilization, after the ones before it
     cases = [Case(args, device, workload, batch, spec, specs, (i + 1) / n) for i, spec in enumerate(specs_list)]
+    for case in cases:
+        case.mark_start()
     for _ in range(args.repeats):
         for case in cases:
             case.time(1)
