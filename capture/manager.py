@@ -93,10 +93,13 @@ class CaptureManager:
                 and (full_max_reqs is None or p <= full_max_reqs)):
             want = self._long_splits(p, q, max_seq_len)  # the same tiles as the captured graphs count
             return StepPlan(StepMode.FULL, p, p * q, self._long_splits(p, q) if want > 1 else 1)
-        # A step of <= MAX_M tokens keeps a token bucket of <= MAX_M (piecewise): padded into a 64-token mixed
-        # graph its linears would leave the small-M GEMV for cuBLAS, and its bits would differ from eager's.
-        if mixed_ok and num_tokens > SMALL_M_TOKENS:
-            fits = [(t, p) for p, t in self.mixed_sizes if p >= num_reqs and t >= num_tokens]
+        # A step of <= MAX_M tokens takes only a mixed graph of the size its piecewise bucket pads it to (the next
+        # power of two): padded further (into 64 tokens) its linears would leave the small-M GEMV, or cross a
+        # weight's GEMV limit, and its bits would differ from eager's.
+        if mixed_ok:
+            pad = 1 << (num_tokens - 1).bit_length() if 0 < num_tokens <= SMALL_M_TOKENS else None
+            fits = [(t, p) for p, t in self.mixed_sizes
+                    if p >= num_reqs and t >= num_tokens and (pad is None or t == pad)]
             if fits:
                 t, p = min(fits)
                 return StepPlan(StepMode.FULL, p, t, self._long_splits(p, t), mixed=True)

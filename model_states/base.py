@@ -26,7 +26,9 @@ from graphrunner.step_plan import StepShape
 # Largest decode batch captured as a full graph and largest piecewise token bucket by default.
 MAX_CAPTURE_BATCH_SIZE = 512
 MIXED_BATCH_SIZES = (1, 2, 4, 8)
-MIXED_TOKEN_BUCKETS = (64, 128, 256, 512)
+# 2, 4 and 8: a step of at most 8 tokens (a prefix-cache hit's short suffix, a chunked prompt's tail) takes a
+# mixed graph of the size the piecewise buckets pad it to, which keeps its linears on the small-M GEMV
+MIXED_TOKEN_BUCKETS = (2, 4, 8, 64, 128, 256, 512)
 # Piecewise token buckets up to 256: the small-M GEMV's sizes (1-8) exactly, then steps of at most 2x
 PIECEWISE_SMALL_BUCKETS = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256)
 MAX_TOKEN_BUCKET = 2048  # larger steps are compute-bound: they run compiled, without graphs

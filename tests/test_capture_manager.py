@@ -109,6 +109,23 @@ def test_plan_mixed_full_for_small_batches_with_prefill() -> None:
     assert m.plan(2, 9, 200, False, True).mixed
 
 
+def test_plan_small_mixed_steps_take_the_graph_of_their_piecewise_bucket() -> None:
+    """A step of <= 8 tokens (a prefix hit's short suffix beside a few decodes) replays a mixed FULL graph only of
+    the token count its piecewise bucket pads it to: a larger one would move its linears across a GEMV limit."""
+    sizes = LlamaModelState(_CFG).mixed_full_sizes(8, 512)
+    assert [(p, t) for p, t in sizes if t <= 8] == [(1, 2), (1, 4), (1, 8), (2, 4), (2, 8), (4, 8)]
+    m = CaptureManager(LlamaModelState(_CFG), StepBuffers(32, 600, 4, torch.device("cpu")), [], [1, 2, 4, 8],
+                       [1, 2, 4, 8, 16, 32, 64], max_model_len=4096, mixed_sizes=sizes)
+    for reqs, tokens, graph in [(1, 2, (1, 2)), (1, 3, (1, 4)), (1, 5, (1, 8)), (2, 3, (2, 4)), (3, 7, (4, 8)),
+                                (1, 8, (1, 8)), (4, 8, (4, 8))]:
+        plan = m.plan(reqs, tokens, 200, False, True)
+        assert plan.mode is StepMode.FULL and plan.mixed and (plan.num_reqs, plan.num_tokens) == graph, (reqs, tokens)
+    # no mixed graph of 4 tokens for 3 rows, and 8 would pad past the bucket of 4: piecewise
+    assert m.plan(3, 4, 200, False, True) == StepPlan(StepMode.PIECEWISE, 3, 4)
+    assert m.plan(8, 8, 200, False, True).mode is StepMode.PIECEWISE  # 8 rows of one token: no room for a prefill
+    assert m.plan(1, 9, 200, False, True).num_tokens == 64  # above MAX_M: the 64-token graph as before
+
+
 def test_mixed_full_body_matches_eager(model_dir: Path) -> None:
     """Prefill chunks (new prompts, a chunked-prefill budget, cache hits) through the mixed FULL body, with
     padded rows and tokens, give the eager engine's tokens; decodes still use the decode graphs."""
@@ -121,7 +138,7 @@ def test_mixed_full_body_matches_eager(model_dir: Path) -> None:
     llm = LLM(model=model_dir, **kwargs)
     runner = llm.engine.runner
     manager = _GraphlessFull(runner.model_state, runner.buffers, None, [1, 2, 8], [], runner.max_model_len,
-                             mixed_sizes=[(2, 16), (4, 24)])
+                             mixed_sizes=[(1, 2), (1, 4), (2, 8), (2, 16), (4, 24)])
     manager.bodies = runner.capture_bodies()
     runner.graphs = manager
     first = [o.outputs[0].token_ids for o in llm.generate(prompts[:1], params)]  # fills the prefix cache
@@ -129,3 +146,10 @@ def test_mixed_full_body_matches_eager(model_dir: Path) -> None:
     assert first == expected[:1] and [o.outputs[0].token_ids for o in outs] == expected
     assert outs[0].num_cached_tokens > 0 and outs[2].num_cached_tokens > 0
     assert manager.mixed_steps >= 3 and manager.mode_counts[StepMode.PIECEWISE] == 0
+    # a hit that leaves 3 tokens: the 4-token mixed graph (no piecewise buckets here, so eager without it)
+    short = shared + [40, 41]
+    mixed, eager = manager.mixed_steps, manager.mode_counts[StepMode.EAGER]
+    out = llm.generate([short], params)[0]
+    assert out.num_cached_tokens == 16 and manager.mixed_steps == mixed + 1
+    assert manager.mode_counts[StepMode.EAGER] == eager
+    assert out.outputs[0].token_ids == LLM(model=model_dir, **kwargs).generate([short], params)[0].outputs[0].token_ids
