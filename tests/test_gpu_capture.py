@@ -198,3 +198,11 @@ def test_cache_hit_suffix_runs_one_mixed_graph_with_split_kv(tmp_path: Path) -> 
     assert [o.outputs[0].token_ids for o in outs] == want
     assert all(o.num_cached_tokens >= 1488 for o in outs)
     assert manager.mixed_steps > before
+    # a hit that leaves 2 to 8 tokens, alone: the mixed graph of its piecewise bucket (2, 4, 8), not piecewise
+    for n in (2, 3, 5, 8):
+        short = prefix[:1488] + [rng.randrange(512) for _ in range(n)]
+        mixed, piecewise = manager.mixed_steps, manager.mode_counts[StepMode.PIECEWISE]
+        out = full.generate([short], _greedy())[0]
+        assert out.num_cached_tokens == 1488
+        assert manager.mixed_steps == mixed + 1 and manager.mode_counts[StepMode.PIECEWISE] == piecewise, n
+        assert out.outputs[0].token_ids == eager.generate([short], _greedy())[0].outputs[0].token_ids, n

@@ -52,7 +52,7 @@
 # limit so the last phase still ends (and is tarred) inside the device call:
 #   DEADLINE=560 bash tools/gpu_checks.sh tests-a tests-b
 set -u
-[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-pair-table | spec-why | spec-demo | spec-b64 | spec-b64-host | spec-diag | host-probe | spec16c | spec-cost | spec-table | rej | spec16 | spec16b | gemv | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | final15 | attn-spills | attn-best | p1-rows | bench2 | startup | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-pair-table | spec-why | spec-demo | spec-b64 | spec-b64-host | spec-diag | host-probe | small-mixed | spec16c | spec-cost | spec-table | rej | spec16 | spec16b | gemv | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | final15 | attn-spills | attn-best | p1-rows | bench2 | startup | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
 OUT=${OUT:-/tmp/out}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 END=$(( $(date +%s) + ${DEADLINE:-100000} ))
@@ -332,6 +332,17 @@ host-probe)
     env "${e[@]}" timeout 100 python3 tools/bench_step_breakdown.py --model /tmp/q06 --batch 64 --steps 40 \
       --profile-steps 0 --json "$R/b64_plain_$v.json" > "$R/b64_plain_$v.log" 2>&1
   done
+  ;;
+small-mixed)
+  model
+  # the mixed FULL graphs of 2, 4 and 8 tokens (nineteenth session, CPU only when written): the capture tests
+  # (graphs == eager, a cache hit leaving 2-8 tokens replays one), then the hit with a 4-token suffix, whose first
+  # token ran piecewise before (~0.24 ms a layer of launches on the trained target)
+  T 300 python3 -m pytest -q -p no:cacheprovider -m gpu --durations=5 tests/test_gpu_capture.py \
+    > "$R/pytest_capture.log" 2>&1
+  echo "pytest rc=$?" >> "$R/pytest_capture.log"
+  T 150 python3 tools/bench_prefix_cache.py --model /tmp/q06 --prefix-len 192 --suffix-len 4 --phases \
+    --json "$R/prefix_suffix4.json" > "$R/prefix_suffix4.log" 2>&1
   ;;
 spec16c)
   # the draft steps' advance as one Triton launch: the unit kernels on CUDA, then the model proposers' GPU tests
