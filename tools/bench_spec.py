@@ -51,7 +51,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-model-len", type=int, default=1024)
     p.add_argument("--interleave", action="store_true",
                    help="all engines of a workload and batch alive at once, timed in turns (host-bound comparisons)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.passages is not None and args.passages < 1:
+        p.error(f"--passages must be >= 1, got {args.passages}")
+    return args
 
 
 def prompts_for(workload: str, batch: int, passage_len: int, vocab: int, text_ids: str | None = None) -> list[list[int]]:

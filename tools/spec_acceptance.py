@@ -59,6 +59,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=1, help="requests generated together")
     ap.add_argument("--json", default="spec_acceptance.json")
     args = ap.parse_args()
+    if min(args.prompts, args.prompt_len, args.max_tokens, args.batch) < 1:
+        ap.error("--prompts, --prompt-len, --max-tokens and --batch must be >= 1")
     device = str(bench_common.resolve_device(args.device))
     modes = args.modes.split(",") if args.modes else (["eager"] if device == "cpu" else list(MODES))
     unknown = sorted(set(modes) - set(MODES))
@@ -73,7 +75,8 @@ def main() -> None:
         for k in bench_common.parse_int_list(args.k):
             r = run(args, device, mode, k, prompts)
             same = "" if not results else f", tokens == first run's: {r['tokens'] == results[0]['tokens']}"
-            print(f"{mode:>18} k={k}: mean acceptance {r['mean_acceptance_length']:.3f} over {r['verify_steps']} "
+            mean = "-" if r["mean_acceptance_length"] is None else f"{r['mean_acceptance_length']:.3f}"
+            print(f"{mode:>18} k={k}: mean acceptance {mean} over {r['verify_steps']} "
                   f"verify steps, per position {r['acceptance_per_pos']}, steps {r['step_modes']}{same}", flush=True)
             results.append(r)
     Path(args.json).write_text(json.dumps({"args": vars(args), "env": bench_common.env_info(), "runs": results}))
