@@ -414,9 +414,7 @@ def test_gpu_eagle_graphs_on_equal_eager(tmp_path: Path, k: int) -> None:
 
 
 # -- tools/train_demo_model.py train-eagle ---------------------------------------------------------------------------
-def test_train_eagle_tool_writes_a_head_the_engine_loads(qwen3: tuple[Path, Path, list], tmp_path: Path) -> None:
-    """A few CPU steps of the tool's EAGLE training lower its loss; the head it saves (vLLM's layout) loads through
-    the real loader and drafts, and greedy outputs stay equal."""
+def _train_tool() -> Any:
     import importlib.util
 
     path = Path(__file__).resolve().parents[1] / "tools" / "train_eagle_head.py"
@@ -424,10 +422,62 @@ def test_train_eagle_tool_writes_a_head_the_engine_loads(qwen3: tuple[Path, Path
     assert spec is not None and spec.loader is not None
     tool = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tool)
+    return tool
+
+
+def test_train_eagle_tool_writes_a_head_the_engine_loads(qwen3: tuple[Path, Path, list], tmp_path: Path) -> None:
+    """A few CPU steps of the tool's EAGLE training lower its loss; the head it saves (vLLM's layout) loads through
+    the real loader and drafts, and greedy outputs stay equal (also when it trains unrolled draft steps)."""
+    tool = _train_tool()
     target, _, ref = qwen3
     ids = torch.randint(1, 400, (4000,), generator=torch.Generator().manual_seed(0))
     losses = tool.train_eagle(target, ids, tmp_path / "head", 16, 4, 32, 3e-3, 0)
     assert sum(losses[-4:]) / 4 < losses[0]
+    unrolled = tool.train_eagle(target, ids, tmp_path / "head3", 16, 4, 32, 3e-3, 0, unroll=3)
+    assert sum(unrolled[-4:]) / 4 < unrolled[0]
+    llm = LLM(model=target, num_gpu_blocks_override=256, speculative_config=_spec(tmp_path / "head3", 3))
+    assert _tokens(llm) == ref
     llm = LLM(model=target, num_gpu_blocks_override=256, speculative_config=_spec(tmp_path / "head", 3))
     assert _tokens(llm) == ref
     assert llm.engine.stats.spec_decode_counts[1] > 0
+
+
+def test_train_eagle_unrolled_steps_are_the_drafting_steps(qwen3: tuple[Path, Path, list]) -> None:
+    """The training-time test's step j at index i equals drafting's: the head layer over positions 0 .. i fed
+    the target's features, then positions i + 1 .. i + j - 1 fed its own outputs (causal attention, HF's layer),
+    read at the last position."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3DecoderLayer
+
+    tool = _train_tool()
+    target_dir, _, _ = qwen3
+    torch.manual_seed(0)
+    target = Qwen3ForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval().requires_grad_(False)
+    cfg = Qwen3Config.from_dict({**target.config.to_dict(), "num_hidden_layers": 1, "layer_types": ["full_attention"]})
+    cfg._attn_implementation = "sdpa"
+    h = cfg.hidden_size
+    fc = torch.nn.Linear(2 * h, h).requires_grad_(False)
+    layer = Qwen3DecoderLayer(cfg, layer_idx=0).eval().requires_grad_(False)
+    layer.input_layernorm = torch.nn.Identity()
+    window = torch.randint(1, 400, (2, 13), generator=torch.Generator().manual_seed(1))
+    feats = target.model(input_ids=window).last_hidden_state  # [2, 13, H]
+    outs = tool.unrolled_outputs(target, fc, layer, feats, window, 3)
+    assert [o.shape[1] for o in outs] == [12, 11, 10]
+
+    def run(x: torch.Tensor) -> torch.Tensor:  # HF's layer over positions 0 .. len - 1, causal
+        s = x.shape[1]
+        pos = torch.arange(s)[None]
+        mask = torch.full((s, s), float("-inf")).triu(1)[None, None]
+        out = layer(x, attention_mask=mask, position_ids=pos, position_embeddings=target.model.rotary_emb(x, pos))
+        return out[0] if isinstance(out, tuple) else out
+
+    emb = target.model.embed_tokens
+    for i in (0, 4, 9):
+        seq = fc(torch.cat((emb(window[:, 1:i + 2]), feats[:, :i + 1]), dim=-1))  # positions 0 .. i
+        last = run(seq)[:, -1]
+        for j in range(1, 4):
+            torch.testing.assert_close(outs[j - 1][:, i], last, rtol=1e-4, atol=1e-5)
+            if j == 3:
+                break
+            seq = torch.cat((seq, fc(torch.cat((emb(window[:, i + j + 1]), last), dim=-1))[:, None]), dim=1)
+            last = run(seq)[:, -1]
