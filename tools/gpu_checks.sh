@@ -132,7 +132,7 @@ spec-train)
     --minutes "${TARGET_MINUTES:-4}" --hidden "${TARGET_HIDDEN:-1024}" --layers "${TARGET_LAYERS:-24}" \
     --heads 16 --kv-heads 8 > "$R/train_target.log" 2>&1
   T 240 python3 tools/train_demo_model.py train-eagle --data data/cache/demo_corpus --target /tmp/target \
-    --out /tmp/eagle --max-steps "${EAGLE_STEPS:-1500}" > "$R/train_eagle.log" 2>&1
+    --out /tmp/eagle --max-steps "${EAGLE_STEPS:-1500}" --unroll "${EAGLE_UNROLL:-1}" > "$R/train_eagle.log" 2>&1
   ;;
 spec-bench)
   # batch-1 TPOT and mean acceptance length on held-out text for each proposer at each k of SPEC_KS against the same
