@@ -46,8 +46,8 @@ from graphrunner.step_plan import StepMode, StepPlan
 
 def process_facts() -> dict[str, Any]:
     """Threads (Python and native), the collector's counts and frozen objects, torch's intra-op threads and the CPUs
-    this process may run on: the EAGLE engine's host steps ran ~1.7x slower than the others' with the same work
-    (eighteenth session), and these are the first suspects."""
+    this process may run on: the suspects when the EAGLE engine's host steps ran ~1.7x slower than the others'
+    (eighteenth session). The nineteenth found the machine's own speed drifting instead: see interpreter_probe."""
     tasks = len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else -1
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else -1
     return {"python_threads": sorted(t.name for t in threading.enumerate()), "native_threads": tasks,
