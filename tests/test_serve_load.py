@@ -50,7 +50,17 @@ def test_1000_requests_at_concurrency_64_then_drained(tmp_path: Path) -> None:
     assert result.submitted == NUM_REQUESTS
     assert result.failed == 0, f"{result.errors}\n{diagnostics}"
     assert result.completed + result.cancelled == NUM_REQUESTS
-    assert result.cancelled == NUM_REQUESTS // 10  # ignore_eos: every stream lives past its 2nd token
+    # every planned cancel closed its stream after its 2nd content chunk, unless the stream had fewer: the server
+    # merges the deltas that queued up while a client lagged, so under load 8 tokens can arrive in one chunk
+    plans = bs.plan_requests(bs.default_prompts(200, seed=0), NUM_REQUESTS, stream_fraction=0.5, cancel_fraction=0.1,
+                             cancel_after=2, seed=0)
+    records = {r.index: r for r in result.records}
+    planned = [p.index for p in plans if p.cancel_after is not None]
+    assert len(planned) == NUM_REQUESTS // 10
+    missed = [i for i in planned if records[i].status != bs.CANCELLED]
+    assert all(records[i].status == bs.COMPLETED and records[i].chunks < 2 for i in missed), \
+        [(i, records[i].status, records[i].chunks) for i in missed]
+    assert result.cancelled == len(planned) - len(missed) and len(missed) < len(planned) // 2
     assert result.max_in_flight == CONCURRENCY
     assert all(r.output_tokens == MAX_TOKENS for r in result.records if r.status == bs.COMPLETED and not r.stream)
     assert gauges == DRAINED, diagnostics
