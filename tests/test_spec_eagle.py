@@ -446,19 +446,15 @@ def test_train_eagle_unrolled_steps_are_the_drafting_steps(qwen3: tuple[Path, Pa
     """The training-time test's step j at index i equals drafting's: the head layer over positions 0 .. i fed
     the target's features, then positions i + 1 .. i + j - 1 fed its own outputs (causal attention, HF's layer),
     read at the last position."""
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-    from transformers.models.qwen3.modeling_qwen3 import Qwen3DecoderLayer
+    from transformers import Qwen3ForCausalLM
 
     tool = _train_tool()
     target_dir, _, _ = qwen3
     torch.manual_seed(0)
     target = Qwen3ForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval().requires_grad_(False)
-    cfg = Qwen3Config.from_dict({**target.config.to_dict(), "num_hidden_layers": 1, "layer_types": ["full_attention"]})
-    cfg._attn_implementation = "sdpa"
-    h = cfg.hidden_size
-    fc = torch.nn.Linear(2 * h, h).requires_grad_(False)
-    layer = Qwen3DecoderLayer(cfg, layer_idx=0).eval().requires_grad_(False)
-    layer.input_layernorm = torch.nn.Identity()
+    _, fc, layer = tool.new_head(target)
+    fc.requires_grad_(False)
+    layer.eval().requires_grad_(False)
     window = torch.randint(1, 400, (2, 13), generator=torch.Generator().manual_seed(1))
     feats = target.model(input_ids=window).last_hidden_state  # [2, 13, H]
     outs = tool.unrolled_outputs(target, fc, layer, feats, window, 3)

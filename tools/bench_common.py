@@ -118,9 +118,15 @@ def measure_ttft_tpot(run: Callable[[int], Any], output_len: int, repeats: int, 
     for _ in range(max(1, repeats)):
         t_first.append(timed(lambda: run(1), device))
         t_full.append(timed(lambda: run(output_len), device))
+    ttft_ms, tpot_ms = ttft_tpot_ms(t_first, t_full, output_len)
+    return {"ttft_ms": ttft_ms, "tpot_ms": tpot_ms, "t_first_s": t_first, "t_full_s": t_full}
+
+
+def ttft_tpot_ms(t_first: Sequence[float], t_full: Sequence[float], output_len: int) -> tuple[float, float]:
+    """(TTFT, TPOT) in ms from the seconds of repeated run(1) and run(output_len): TTFT = median run(1), TPOT =
+    (median run(N) - TTFT) / (N - 1)."""
     first, full = statistics.median(t_first), statistics.median(t_full)
-    tpot = (full - first) / max(1, output_len - 1)
-    return {"ttft_ms": first * 1e3, "tpot_ms": tpot * 1e3, "t_first_s": t_first, "t_full_s": t_full}
+    return first * 1e3, (full - first) * 1e3 / max(1, output_len - 1)
 
 
 # ----------------------------------------------------------------------------------------------- engines

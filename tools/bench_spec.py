@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import random
-import statistics
 from typing import Any
 
 from bench_common import (
@@ -26,6 +25,7 @@ from bench_common import (
     parse_int_list,
     resolve_device,
     timed,
+    ttft_tpot_ms,
 )
 
 
@@ -139,9 +139,9 @@ class Case:
     def finish(self) -> dict[str, Any]:
         """The figures, per group of prompts: TTFT = median run(1); TPOT = (median run(N) - TTFT) / (N - 1)."""
         args, llm, g = self.args, self.llm, len(self.groups)
-        first, full = statistics.median(self.t_first), statistics.median(self.t_full)
-        res: dict[str, Any] = {"ttft_ms": first * 1e3 / g, "tpot_ms": (full - first) * 1e3 / g / max(1, args.output_len - 1),
-                               "t_first_s": self.t_first, "t_full_s": self.t_full, "passages": g}
+        ttft_ms, tpot_ms = ttft_tpot_ms(self.t_first, self.t_full, args.output_len)
+        res: dict[str, Any] = {"ttft_ms": ttft_ms / g, "tpot_ms": tpot_ms / g, "t_first_s": self.t_first,
+                               "t_full_s": self.t_full, "passages": g}
         after, pos_after = llm.engine.stats.spec_decode_counts, llm.engine.stats.spec_accepted_per_pos
         # a compile inside the timed repeats (a cold cache made one n-gram run 5x slower, twelfth session): name it
         res["new_triton_specialisations"] = self.specs.since(self.mark)

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import sys
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_common, which puts the repo root on sys.path
 import bench_common
-import numpy as np
+from bench_spec import prompts_for
 
 from graphrunner import LLM, SamplingParams
 
@@ -66,10 +65,7 @@ def main() -> None:
     unknown = sorted(set(modes) - set(MODES))
     if unknown:
         raise SystemExit(f"--modes {unknown}: expected some of {', '.join(MODES)}")
-    ids = np.load(args.text_ids, mmap_mode="r")
-    rng = random.Random(0)
-    starts = [rng.randrange(len(ids) - args.prompt_len) for _ in range(args.prompts)]
-    prompts = [[int(t) for t in ids[s:s + args.prompt_len]] for s in starts]
+    prompts = prompts_for("text", args.prompts, args.prompt_len, 0, args.text_ids)
     results = []
     for mode in modes:
         for k in bench_common.parse_int_list(args.k):

@@ -86,25 +86,32 @@ def eagle_step(target: Qwen3ForCausalLM, fc: torch.nn.Linear, layer: torch.nn.Mo
     return loss / len(outs)
 
 
+def new_head(target: Qwen3ForCausalLM) -> tuple[Qwen3Config, torch.nn.Linear, torch.nn.Module]:
+    """A fresh head for `target` on its device: the config it is saved with, fc [H, 2H] and one decoder layer."""
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3DecoderLayer
+
+    cfg = Qwen3Config.from_dict({**target.config.to_dict(), "num_hidden_layers": 1,
+                                 "layer_types": ["full_attention"], "architectures": ["EagleQwen3ForCausalLM"]})
+    cfg._attn_implementation = "sdpa"
+    device, h = target.device, cfg.hidden_size
+    fc = torch.nn.Linear(2 * h, h, bias=True).to(device)
+    layer = Qwen3DecoderLayer(cfg, layer_idx=0).to(device)
+    layer.input_layernorm = torch.nn.Identity()  # EAGLE's layer 0 reads fc's output directly
+    return cfg, fc, layer
+
+
 def train_eagle(target_dir: Path, train_ids: torch.Tensor, out: Path, steps: int, batch_size: int, seq_len: int,
                 lr: float, seed: int, unroll: int = 1) -> list[float]:
     """Train a one-layer EAGLE head for the (frozen) model in target_dir on train_ids [N] (on their device) and save
     it to `out` in vLLM's EagleQwen3ForCausalLM layout; returns the loss of every step."""
     from safetensors.torch import save_file
-    from transformers.models.qwen3.modeling_qwen3 import Qwen3DecoderLayer
 
     if unroll < 1:
         raise ValueError(f"unroll must be >= 1, got {unroll}")
     torch.manual_seed(seed)
     device = train_ids.device
     target = Qwen3ForCausalLM.from_pretrained(target_dir, dtype=torch.float32).to(device).eval().requires_grad_(False)
-    cfg = Qwen3Config.from_dict({**target.config.to_dict(), "num_hidden_layers": 1,
-                                 "layer_types": ["full_attention"], "architectures": ["EagleQwen3ForCausalLM"]})
-    cfg._attn_implementation = "sdpa"
-    h = cfg.hidden_size
-    fc = torch.nn.Linear(2 * h, h, bias=True).to(device)
-    layer = Qwen3DecoderLayer(cfg, layer_idx=0).to(device)
-    layer.input_layernorm = torch.nn.Identity()  # EAGLE's layer 0 reads fc's output directly
+    cfg, fc, layer = new_head(target)
     params = [*fc.parameters(), *layer.parameters()]
     opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
     gen = torch.Generator().manual_seed(seed)
