@@ -132,20 +132,21 @@ spec-train)
     --minutes "${TARGET_MINUTES:-4}" --hidden "${TARGET_HIDDEN:-1024}" --layers "${TARGET_LAYERS:-24}" \
     --heads 16 --kv-heads 8 > "$R/train_target.log" 2>&1
   T 240 python3 tools/train_demo_model.py train-eagle --data data/cache/demo_corpus --target /tmp/target \
-    --out /tmp/eagle --max-steps "${EAGLE_STEPS:-1500}" --unroll "${EAGLE_UNROLL:-1}" > "$R/train_eagle.log" 2>&1
+    --out /tmp/eagle --max-steps "${EAGLE_STEPS:-1500}" --unroll "${EAGLE_UNROLL:-1}" --minutes "${EAGLE_MINUTES:-3.5}" \
+    > "$R/train_eagle.log" 2>&1
   ;;
 spec-bench)
   # batch-1 TPOT and mean acceptance length on held-out text for each proposer at each k of SPEC_KS against the same
   # target without speculation, then batch 64 at k = 4 with disable_by_batch_size 32 (speculation and the model
   # proposers off there) for the model proposers; 8 passages per case, the engines of a comparison timed in turns
   # (--interleave: the host's speed drifts, host-probe)
-  # SPEC_METHODS picks a subset, so two GPUs of one machine can share the list (CUDA_VISIBLE_DEVICES, OUT apart)
+  # SPEC_B64=0 skips batch 64; SPEC_METHODS picks a subset, so two GPUs of one machine can share the list (CUDA_VISIBLE_DEVICES, OUT apart)
   for m in ${SPEC_METHODS:-eagle draft_model ngram}; do
     d=graphrunner/demo_model; [ "$m" = eagle ] && d=/tmp/eagle
     T 240 python3 tools/bench_spec.py --model /tmp/target --no-peer --method "$m" --draft-model "$d" \
       --workloads text --text-ids data/cache/demo_corpus/val.npy --batch-sizes 1 --k "${SPEC_KS:-2,3,4}" --interleave \
       --json "$R/spec_$m.json" > "$R/spec_$m.log" 2>&1
-    [ "$m" = ngram ] && continue
+    [ "$m" = ngram ] || [ "${SPEC_B64:-1}" = 0 ] && continue
     T 150 python3 tools/bench_spec.py --model /tmp/target --no-peer --method "$m" --draft-model "$d" \
       --workloads text --text-ids data/cache/demo_corpus/val.npy --batch-sizes 64 --k 4 \
       --disable-by-batch-size 32 --interleave --json "$R/spec_${m}_b64.json" > "$R/spec_${m}_b64.log" 2>&1

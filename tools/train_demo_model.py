@@ -465,7 +465,7 @@ def cmd_train_eagle(args: argparse.Namespace) -> None:
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     train_np = np.load(Path(args.data) / "train.npy")
     train_eagle(Path(args.target), torch.from_numpy(train_np.astype(np.int64)).to(device), Path(args.out),
-                args.max_steps, args.batch_size, args.seq_len, args.lr, args.seed, args.unroll)
+                args.max_steps, args.batch_size, args.seq_len, args.lr, args.seed, args.unroll, args.minutes)
 
 
 PREPARE_OPTIONS: dict[str, tuple[Any, str]] = {  # --name: (default, help)
@@ -487,7 +487,8 @@ TRAIN_OPTIONS: dict[str, tuple[Any, str]] = {
 EAGLE_OPTIONS: dict[str, tuple[Any, str]] = {
     "target": ("graphrunner/demo_model", "the trained model the head drafts for"),
     "data": ("data/cache/demo_corpus", "output of `prepare`"), "out": ("data/cache/demo_eagle", "head directory"),
-    "max_steps": (2000, ""), "batch_size": (32, ""), "seq_len": (512, ""), "lr": (1e-3, "peak AdamW lr"),
+    "max_steps": (2000, ""), "minutes": (0.0, "time budget: stops early and saves"), "batch_size": (32, ""),
+    "seq_len": (512, ""), "lr": (1e-3, "peak AdamW lr"),
     "unroll": (1, "draft steps trained per position (1: EAGLE-1; j: also steps 2..j, from the head's outputs)"),
     "device": ("", "default: cuda if available"), "seed": (1234, ""),
 }

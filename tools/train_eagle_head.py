@@ -6,6 +6,8 @@ post-norm feature and its next-token distribution, and is saved in vLLM's EagleQ
 from __future__ import annotations
 
 import json
+import math
+import time
 from pathlib import Path
 
 import torch
@@ -101,9 +103,10 @@ def new_head(target: Qwen3ForCausalLM) -> tuple[Qwen3Config, torch.nn.Linear, to
 
 
 def train_eagle(target_dir: Path, train_ids: torch.Tensor, out: Path, steps: int, batch_size: int, seq_len: int,
-                lr: float, seed: int, unroll: int = 1) -> list[float]:
+                lr: float, seed: int, unroll: int = 1, minutes: float = 0.0) -> list[float]:
     """Train a one-layer EAGLE head for the (frozen) model in target_dir on train_ids [N] (on their device) and save
-    it to `out` in vLLM's EagleQwen3ForCausalLM layout; returns the loss of every step."""
+    it to `out` in vLLM's EagleQwen3ForCausalLM layout; returns the loss of every step. `minutes` > 0 ends training
+    early (and still saves) once that much time has passed, so a caller's hard time limit never loses the head."""
     from safetensors.torch import save_file
 
     if unroll < 1:
@@ -117,7 +120,11 @@ def train_eagle(target_dir: Path, train_ids: torch.Tensor, out: Path, steps: int
     gen = torch.Generator().manual_seed(seed)
     offsets = torch.arange(seq_len + 1, device=device)
     losses: list[float] = []
+    deadline = time.monotonic() + minutes * 60 if minutes > 0 else math.inf
     for step in range(steps):
+        if time.monotonic() > deadline:
+            print(f"eagle: time budget of {minutes} min reached after {step} steps", flush=True)
+            break
         for group in opt.param_groups:
             group["lr"] = lr * min(1.0, (step + 1) / max(1, steps // 10))
         starts = torch.randint(0, len(train_ids) - seq_len - 1, (batch_size,), generator=gen).to(device)
@@ -136,6 +143,6 @@ def train_eagle(target_dir: Path, train_ids: torch.Tensor, out: Path, steps: int
     save_file({k: v.detach().to("cpu", torch.float32).contiguous() for k, v in weights.items()},
               str(out / "model.safetensors"))
     (out / "config.json").write_text(cfg.to_json_string())
-    (out / "training_log.json").write_text(json.dumps({"steps": steps, "unroll": unroll, "losses": losses}) + "\n")
+    (out / "training_log.json").write_text(json.dumps({"steps": len(losses), "unroll": unroll, "losses": losses}) + "\n")
     print(f"saved EAGLE head {out}")
     return losses
