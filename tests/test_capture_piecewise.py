@@ -7,6 +7,7 @@ from __future__ import annotations
 import operator
 from pathlib import Path
 
+import pytest
 import torch
 from tiny_models import make_tiny_model, model_state_for
 from torch._dynamo.utils import counters
@@ -101,10 +102,17 @@ def test_step_buffer_views_trace_one_variant_without_lifted_floats(tmp_path: Pat
     assert not scalars, f"{len(scalars)} 0-d inputs reached the pieces: float attributes were lifted"
 
 
-def test_equal_pieces_compile_once_and_still_match_eager(tmp_path: Path) -> None:
+def test_equal_pieces_compile_once_and_still_match_eager(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A 5-layer model has 6 compute pieces: the first, four equal middle ones (one layer's tail and the next
     one's head, differing only in their weights' names) and the last. Each distinct piece compiles once; the
     shared compiled code gives the eager model's outputs, and with reuse off every piece compiles."""
+    # Inductor's and AOTAutograd's on-disk caches are shared by the whole process: a piece an earlier test
+    # compiled without compile_model's size-oblivious setting came back with its `2 <= tokens` guard, and the
+    # one-token batch below recompiled the model (6 compiles instead of 3). This test counts our reuse alone.
+    import torch._functorch.config as functorch_config
+
+    monkeypatch.setattr(torch._inductor.config, "fx_graph_cache", False)
+    monkeypatch.setattr(functorch_config, "enable_autograd_cache", False)
     model_dir = make_tiny_model(tmp_path, "LlamaForCausalLM", num_hidden_layers=5)
     cfg = ModelConfig.from_dir(model_dir)
     model = load_model(model_dir, model_state_for(model_dir), torch.float32, torch.device("cpu"))
@@ -121,7 +129,8 @@ def test_equal_pieces_compile_once_and_still_match_eager(tmp_path: Path) -> None
         backend = PiecewiseBackend(compile_piece=inductor, reuse=reuse)
         compiled = compile_model(model, backend)
         for lens in ([5, 3], [1], [2, 1, 4]):
-            torch.testing.assert_close(_run(compiled, cfg, lens), _run(model, cfg, lens), atol=1e-5, rtol=1e-5)
+            # inductor fuses and reorders fp32 reductions: CI saw one of 512 elements off by 1.3e-5
+            torch.testing.assert_close(_run(compiled, cfg, lens), _run(model, cfg, lens), atol=1e-4, rtol=1e-4)
         assert len(backend.pieces) == cfg.num_layers + 1 == 6
         assert len(calls) == backend.compiled_pieces == want_compiles, (reuse, len(calls))
     torch._dynamo.reset()
