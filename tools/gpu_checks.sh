@@ -8,6 +8,7 @@
 #   bash tools/gpu_checks.sh spec-train # issue 16: train a larger target + an EAGLE head (carry data/cache/demo_corpus)
 #   bash tools/gpu_checks.sh spec-bench # ... then, on the same warm machine, TPOT per proposer on held-out text
 #   bash tools/gpu_checks.sh spec-pair-table # ... the kernel table of the trained pair's EAGLE verify step
+#   bash tools/gpu_checks.sh spec-unroll # one target, EAGLE heads trained --unroll 1 and 3 side by side, TPOT of both
 #   bash tools/gpu_checks.sh spec-cost  # the proposers' GPU tests, then a k = 4 verify step vs a plain decode step
 #                                       # per proposer on the Qwen3-0.6B shape (carry data/cache/demo_corpus)
 #   bash tools/gpu_checks.sh rej        # the rejection kernels: walk vs split, copy workload both ways, k = 8
@@ -52,7 +53,7 @@
 # limit so the last phase still ends (and is tarred) inside the device call:
 #   DEADLINE=560 bash tools/gpu_checks.sh tests-a tests-b
 set -u
-[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-pair-table | spec-why | spec-demo | spec-b64 | spec-b64-host | spec-diag | host-probe | small-mixed | spec16c | spec-cost | spec-table | rej | spec16 | spec16b | gemv | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | final15 | attn-spills | attn-best | p1-rows | bench2 | startup | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-pair-table | spec-unroll | spec-why | spec-demo | spec-b64 | spec-b64-host | spec-diag | host-probe | small-mixed | spec16c | spec-cost | spec-table | rej | spec16 | spec16b | gemv | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | final15 | attn-spills | attn-best | p1-rows | bench2 | startup | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
 OUT=${OUT:-/tmp/out}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 END=$(( $(date +%s) + ${DEADLINE:-100000} ))
@@ -150,6 +151,25 @@ spec-bench)
     T 150 python3 tools/bench_spec.py --model /tmp/target --no-peer --method "$m" --draft-model "$d" \
       --workloads text --text-ids data/cache/demo_corpus/val.npy --batch-sizes 64 --k 4 \
       --disable-by-batch-size 32 --interleave --json "$R/spec_${m}_b64.json" > "$R/spec_${m}_b64.log" 2>&1
+  done
+  ;;
+spec-unroll)
+  # issue 16: does training the head on its own drafts (--unroll) raise draft positions 2-4 on the GPU-trained pair?
+  # One target, then an unroll-1 and an unroll-UNROLL_B head trained side by side for EAGLE_STEPS steps (same data,
+  # same seed), then batch-1 TPOT and acceptance per position of each head at k = SPEC_KS against no speculation
+  # (the unrolled head first). Carry data/cache/demo_corpus.
+  T 330 python3 tools/train_demo_model.py train --data data/cache/demo_corpus --out /tmp/target \
+    --minutes "${TARGET_MINUTES:-4}" --hidden 1024 --layers 24 --heads 16 --kv-heads 8 > "$R/train_target.log" 2>&1
+  for u in 1 "${UNROLL_B:-3}"; do
+    T 240 python3 tools/train_demo_model.py train-eagle --data data/cache/demo_corpus --target /tmp/target \
+      --out "/tmp/eagle_u$u" --max-steps "${EAGLE_STEPS:-800}" --unroll "$u" --minutes "${EAGLE_MINUTES:-2.5}" \
+      > "$R/train_eagle_u$u.log" 2>&1 &
+  done
+  wait
+  for u in "${UNROLL_B:-3}" 1; do
+    T 150 python3 tools/bench_spec.py --model /tmp/target --no-peer --method eagle --draft-model "/tmp/eagle_u$u" \
+      --workloads text --text-ids data/cache/demo_corpus/val.npy --batch-sizes 1 --k "${SPEC_KS:-4}" --interleave \
+      --json "$R/spec_eagle_u$u.json" > "$R/spec_eagle_u$u.log" 2>&1
   done
   ;;
 spec-pair-table)
