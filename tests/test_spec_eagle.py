@@ -442,6 +442,15 @@ def test_train_eagle_tool_writes_a_head_the_engine_loads(qwen3: tuple[Path, Path
     assert llm.engine.stats.spec_decode_counts[1] > 0
 
 
+@pytest.mark.parametrize(("kwargs", "named"), [({"unroll": 0}, "unroll must be >= 1"),
+                                             ({"minutes": -1.0}, "minutes must be >= 0")])
+def test_train_eagle_refuses_bad_settings_before_any_work(tmp_path: Path, kwargs: dict, named: str) -> None:
+    with pytest.raises(ValueError, match=named):
+        _train_tool().train_eagle(tmp_path / "no-target", torch.zeros(10, dtype=torch.long), tmp_path / "head", 1, 1,
+                                  4, 1e-3, 0, **kwargs)
+    assert not (tmp_path / "head").exists()
+
+
 def test_train_eagle_unrolled_steps_are_the_drafting_steps(qwen3: tuple[Path, Path, list]) -> None:
     """The training-time test's step j at index i equals drafting's: the head layer over positions 0 .. i fed
     the target's features, then positions i + 1 .. i + j - 1 fed its own outputs (causal attention, HF's layer),

@@ -504,6 +504,8 @@ def main() -> None:
         for name, (default, help_) in options.items():
             parser.add_argument("--" + name.replace("_", "-"), type=type(default), default=default, help=help_ or None)
     args = p.parse_args()
+    if getattr(args, "minutes", 0.0) < 0:
+        p.error(f"--minutes must be >= 0 (0: no time budget), got {args.minutes}")
     {"prepare": cmd_prepare, "train": cmd_train, "train-eagle": cmd_train_eagle}[args.cmd](args)
 
 

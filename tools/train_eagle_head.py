@@ -111,6 +111,8 @@ def train_eagle(target_dir: Path, train_ids: torch.Tensor, out: Path, steps: int
 
     if unroll < 1:
         raise ValueError(f"unroll must be >= 1, got {unroll}")
+    if minutes < 0:
+        raise ValueError(f"minutes must be >= 0 (0: no time budget), got {minutes}")
     torch.manual_seed(seed)
     device = train_ids.device
     target = Qwen3ForCausalLM.from_pretrained(target_dir, dtype=torch.float32).to(device).eval().requires_grad_(False)
