@@ -328,3 +328,17 @@ def test_bad_switch_values_are_refused(name: str) -> None:
     got = subprocess.run([sys.executable, "-c", "import graphrunner.models.gemv"], env=env, capture_output=True,
                          text=True, check=False, timeout=120, cwd=Path(__file__).resolve().parents[1])
     assert got.returncode != 0 and f"{name} must be one of 0, 1" in got.stderr, got.stderr
+
+
+def test_sweep_shapes_take_name_parts_and_explicit_weights() -> None:
+    """tools/bench_kernels.select_shapes: a name part picks 0.6B shapes, "NxK" any weight (the trained spec target's
+    layers are not 0.6B's), and a part that matches nothing is refused by name instead of sweeping nothing."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    from bench_kernels import QWEN3_06B_SHAPES, select_shapes
+
+    assert select_shapes("") == QWEN3_06B_SHAPES
+    assert select_shapes("o 2048, 2048x1024") == {"o 2048->1024": (1024, 2048), "2048x1024": (2048, 1024)}
+    with pytest.raises(SystemExit, match="'qvk'"):
+        select_shapes("qkv,qvk")

@@ -13,6 +13,7 @@ import argparse
 import dataclasses
 import itertools
 import json
+import re
 import statistics
 import sys
 import time
@@ -44,6 +45,25 @@ QWEN3_06B_SHAPES: dict[str, tuple[int, int]] = {  # name -> (N, K) of W [N, K]
     "down 3072->1024": (1024, 3072),
     "lm_head 1024->151936": (151936, 1024),
 }
+
+
+def select_shapes(spec: str) -> dict[str, tuple[int, int]]:
+    """--shapes: comma-separated parts, each a part of a QWEN3_06B_SHAPES name or an explicit "NxK" weight (another
+    model's layer, e.g. the trained spec target's qkv 2048x1024); empty: every 0.6B shape."""
+    parts = [p.strip() for p in spec.split(",") if p.strip()] or [""]
+    shapes: dict[str, tuple[int, int]] = {}
+    for part in parts:
+        m = re.fullmatch(r"(\d+)x(\d+)", part)
+        if m:
+            shapes[part] = (int(m.group(1)), int(m.group(2)))
+            continue
+        found = {name: nk for name, nk in QWEN3_06B_SHAPES.items() if part in name}
+        if not found:
+            raise SystemExit(f"--shapes: {part!r} is neither NxK nor part of a shape name ({', '.join(QWEN3_06B_SHAPES)})")
+        shapes.update(found)
+    return shapes
+
+
 L2_BYTES = 256 << 20  # rotate weights over at least this much memory (H200 L2: 50 MB)
 
 
@@ -234,7 +254,8 @@ def main() -> None:
     ap.add_argument("--ms", default="1,2,4,8", help="GEMV token counts")
     ap.add_argument("--reps", type=int, default=20, help="graph replays per timing (median)")
     ap.add_argument("--sweep", action="store_true", help="also time a grid of GemvConfigs per shape and M")
-    ap.add_argument("--shapes", default="", help="comma-separated name parts: only those GEMV shapes (e.g. qkv,o 2048)")
+    ap.add_argument("--shapes", default="", help="comma-separated name parts or NxK weights: only those GEMV shapes "
+                    "(e.g. qkv,o 2048 or 2048x1024)")
     ap.add_argument("--tuned-out", default=None,
                     help="with --sweep: write the best configs here (commit as graphrunner/models/gemv_configs.json)")
     ap.add_argument("--only", choices=("sampler", "gemv"), default=None)
@@ -242,8 +263,7 @@ def main() -> None:
     ap.add_argument("--json", default="bench_kernels.json")
     args = ap.parse_args()
     device = bench_common.resolve_device(args.device)
-    parts = [p for p in args.shapes.split(",") if p] or [""]
-    shapes = {name: nk for name, nk in QWEN3_06B_SHAPES.items() if any(p in name for p in parts)}
+    shapes = select_shapes(args.shapes)
     batch_sizes, vocab = bench_common.parse_int_list(args.batch_sizes), args.vocab
     if args.quick:
         shapes, batch_sizes, vocab = {"tiny 64->48": (48, 64)}, [1, 3], 3000

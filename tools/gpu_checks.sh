@@ -377,9 +377,10 @@ spec16c)
 gemv)
   # issue 17: the small-M GEMV against its reference on CUDA (batch invariance under load included), then every
   # candidate launch shape at M = 1 and the best six at M = 1, 2, 4, 8 against cuBLAS, per 0.6B layer shape
+  # (GEMV_SHAPES: others, e.g. "2048x1024,1024x1024,gate_up" for the trained spec target's qkv, o and gate-up)
   T 150 python3 -m pytest -q -p no:cacheprovider tests/test_gemv.py > "$R/pytest_gemv.log" 2>&1
   echo "pytest rc=$?" >> "$R/pytest_gemv.log"
-  T 480 python3 tools/bench_kernels.py --only gemv --sweep --shapes "qkv,o 2048,gate_up,down" --ms 1,2,3,4,5,8 \
+  T 480 python3 tools/bench_kernels.py --only gemv --sweep --shapes "${GEMV_SHAPES:-qkv,o 2048,gate_up,down}" --ms 1,2,3,4,5,8 \
     --tuned-out "$R/gemv_configs.json" --json "$R/bench_gemv.json" > "$R/bench_gemv.log" 2>&1
   cp "$R/gemv_configs.json" /tmp/gemv_configs.json  # for l1-ab on the same warm machine (GEMV_TABLE=...)
   ;;
