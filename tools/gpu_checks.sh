@@ -76,6 +76,23 @@ proposers() {
   [ -d /tmp/q06eagle ] || T 120 python3 tools/train_demo_model.py train-eagle --data data/cache/demo_corpus \
     --target /tmp/q06 --out /tmp/q06eagle --max-steps 2 --batch-size 4 --seq-len 128 > "$R/make_eagle.log" 2>&1
 }
+# train_target: issue 16's trained target on the demo corpus and tokenizer (the shipped demo model is its draft), in
+# /tmp/target (carry data/cache/demo_corpus). Hidden 1024 (~300M parameters, 34x the draft): the tenth session's
+# hidden 2048 (1,065M) fit only 314 steps in 4 minutes and ended weaker than its draft (perplexity 52.5 vs 32.6).
+# Decode is latency-bound per layer, so the narrower target of the same depth decodes about as slowly and trains
+# ~3x more steps.
+train_target() {
+  T 330 python3 tools/train_demo_model.py train --data data/cache/demo_corpus --out /tmp/target \
+    --minutes "${TARGET_MINUTES:-4}" --hidden "${TARGET_HIDDEN:-1024}" --layers "${TARGET_LAYERS:-24}" \
+    --heads 16 --kv-heads 8 > "$R/train_target.log" 2>&1
+}
+# spec_b1 LIMIT METHOD DRAFT NAME: batch-1 TPOT and acceptance per draft position on held-out text for the proposer
+# against /tmp/target alone at each k of SPEC_KS, 8 passages, the engines timed in turns, into $R/NAME.{json,log}
+spec_b1() {
+  T "$1" python3 tools/bench_spec.py --model /tmp/target --no-peer --method "$2" --draft-model "$3" \
+    --workloads text --text-ids data/cache/demo_corpus/val.npy --batch-sizes 1 --k "${SPEC_KS:-2,3,4}" --interleave \
+    --json "$R/$4.json" > "$R/$4.log" 2>&1
+}
 wheels() {
   [ -d /tmp/site/fastapi ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl
@@ -123,15 +140,10 @@ spec-ab)
   done
   ;;
 spec-train)
-  # issue 16's trained pair (carry data/cache/demo_corpus: `train_demo_model.py prepare` on a CPU machine): a larger
-  # target on the demo corpus and tokenizer, so the shipped demo model is its draft, then an EAGLE head for it.
-  # /tmp/target and /tmp/eagle live only on this machine: run spec-bench in the next call while it is warm.
-  # Hidden 1024 (~300M parameters, 34x the draft): the tenth session's hidden 2048 (1,065M) fit only 314 steps in
-  # 4 minutes and ended weaker than its draft (perplexity 52.5 vs 32.6). Decode is latency-bound per layer, so
-  # the narrower target of the same depth decodes about as slowly and trains ~3x more steps.
-  T 330 python3 tools/train_demo_model.py train --data data/cache/demo_corpus --out /tmp/target \
-    --minutes "${TARGET_MINUTES:-4}" --hidden "${TARGET_HIDDEN:-1024}" --layers "${TARGET_LAYERS:-24}" \
-    --heads 16 --kv-heads 8 > "$R/train_target.log" 2>&1
+  # issue 16's trained pair (carry data/cache/demo_corpus: `train_demo_model.py prepare` on a CPU machine): the
+  # target (train_target), then an EAGLE head for it. /tmp/target and /tmp/eagle live only on this machine: run
+  # spec-bench in the next call while it is warm.
+  train_target
   T 240 python3 tools/train_demo_model.py train-eagle --data data/cache/demo_corpus --target /tmp/target \
     --out /tmp/eagle --max-steps "${EAGLE_STEPS:-1500}" --unroll "${EAGLE_UNROLL:-1}" --minutes "${EAGLE_MINUTES:-3.5}" \
     > "$R/train_eagle.log" 2>&1
@@ -144,9 +156,7 @@ spec-bench)
   # SPEC_B64=0 skips batch 64; SPEC_METHODS picks a subset, so two GPUs of one machine can share the list (CUDA_VISIBLE_DEVICES, OUT apart)
   for m in ${SPEC_METHODS:-eagle draft_model ngram}; do
     d=graphrunner/demo_model; [ "$m" = eagle ] && d=/tmp/eagle
-    T 240 python3 tools/bench_spec.py --model /tmp/target --no-peer --method "$m" --draft-model "$d" \
-      --workloads text --text-ids data/cache/demo_corpus/val.npy --batch-sizes 1 --k "${SPEC_KS:-2,3,4}" --interleave \
-      --json "$R/spec_$m.json" > "$R/spec_$m.log" 2>&1
+    spec_b1 240 "$m" "$d" "spec_$m"
     [ "$m" = ngram ] || [ "${SPEC_B64:-1}" = 0 ] && continue
     T 150 python3 tools/bench_spec.py --model /tmp/target --no-peer --method "$m" --draft-model "$d" \
       --workloads text --text-ids data/cache/demo_corpus/val.npy --batch-sizes 64 --k 4 \
@@ -158,8 +168,7 @@ spec-unroll)
   # One target, then an unroll-1 and an unroll-UNROLL_B head trained side by side for EAGLE_STEPS steps (same data,
   # same seed), then batch-1 TPOT and acceptance per position of each head at k = SPEC_KS against no speculation
   # (the unrolled head first). Carry data/cache/demo_corpus.
-  T 330 python3 tools/train_demo_model.py train --data data/cache/demo_corpus --out /tmp/target \
-    --minutes "${TARGET_MINUTES:-4}" --hidden 1024 --layers 24 --heads 16 --kv-heads 8 > "$R/train_target.log" 2>&1
+  train_target
   for u in 1 "${UNROLL_B:-3}"; do
     T 240 python3 tools/train_demo_model.py train-eagle --data data/cache/demo_corpus --target /tmp/target \
       --out "/tmp/eagle_u$u" --max-steps "${EAGLE_STEPS:-800}" --unroll "$u" --minutes "${EAGLE_MINUTES:-2.5}" \
@@ -167,9 +176,7 @@ spec-unroll)
   done
   wait
   for u in "${UNROLL_B:-3}" 1; do
-    T 150 python3 tools/bench_spec.py --model /tmp/target --no-peer --method eagle --draft-model "/tmp/eagle_u$u" \
-      --workloads text --text-ids data/cache/demo_corpus/val.npy --batch-sizes 1 --k "${SPEC_KS:-4}" --interleave \
-      --json "$R/spec_eagle_u$u.json" > "$R/spec_eagle_u$u.log" 2>&1
+    SPEC_KS=${SPEC_KS:-4} spec_b1 150 eagle "/tmp/eagle_u$u" "spec_eagle_u$u"
   done
   ;;
 spec-pair-table)
