@@ -70,39 +70,8 @@ def test_dot_path_matches_reference(m: int, n: int, k: int, config: GemvConfig, 
         torch.testing.assert_close(gemv_triton(x, w, b, config), gemv_ref(x, w, b), **TOL[dtype])
 
 
-LANES_CASES = [  # m, n, k, config: per-lane sums (x padded to max_m rows, one reduction after the K loop)
-    (1, 1, 16, GemvConfig(1, 16, 1, max_m=8, lanes=True)),  # one element per row and thread chunk
-    (1, 37, 50, GemvConfig(2, 16, 1, max_m=8, lanes=True)),  # K not a multiple of the 8-wide thread chunk
-    (8, 70, 1030, GemvConfig(4, 64, 4, max_m=8, lanes=True)),  # split-K, last split short
-    (5, 100, 300, GemvConfig(1, 128, 1, num_warps=8, max_m=8, lanes=True)),
-    (3, 33, 200, GemvConfig(8, 32, 3, num_stages=3, max_m=4, lanes=True)),
-    (2, 17, 1024, GemvConfig(4, 1024, 1, max_m=2, lanes=True)),  # one whole-K tile (the engine's shape)
-]
-
-
-@pytest.mark.parametrize(("m", "n", "k", "config"), LANES_CASES)
-@pytest.mark.parametrize("bias", [False, True])
-def test_lanes_path_matches_reference(m: int, n: int, k: int, config: GemvConfig, bias: bool) -> None:
-    for dtype in (torch.bfloat16, torch.float16):
-        x, w, b = _data(m, n, k, dtype, seed=m * 7 + n + k, bias=bias)
-        out = gemv_triton(x, w, b, config)
-        assert out.shape == (m, n) and out.dtype == dtype
-        torch.testing.assert_close(out, gemv_ref(x, w, b), **TOL[dtype])
-
-
-def test_lanes_config_refuses_more_rows_than_it_pads_to() -> None:
-    """A lanes config computes exactly max_m rows: more would be silently dropped, so they are refused."""
-    x, w, b = _data(5, 20, 32, torch.bfloat16, seed=4, bias=False)
-    with pytest.raises(ValueError, match="max_m = 4 rows, got 5"):
-        gemv_triton(x, w, b, GemvConfig(2, 16, 1, max_m=4, lanes=True))
-    with pytest.raises(ValueError, match="not both"):
-        GemvConfig(16, 64, 1, use_dot=True, lanes=True)
-    assert GemvConfig(2, 16, max_m=4, lanes=True).m_pad(1) == 4 and GemvConfig(2, 16).m_pad(3) == 4
-    assert GemvConfig(16, 16, use_dot=True).m_pad(1) == 16
-
-
 @pytest.mark.parametrize("config", [GemvConfig(4, 64, 1), GemvConfig(8, 32, 3), GemvConfig(1, 128, 2),
-                                    GemvConfig(16, 64, 2, use_dot=True), GemvConfig(2, 64, 2, lanes=True)])
+                                    GemvConfig(16, 64, 2, use_dot=True)])
 def test_rows_bit_equal_whatever_m(config: GemvConfig) -> None:
     """Row i of an M-row call equals the same row alone or in any other M (what keeps graphs == eager when a
     step is padded from M to the next captured size)."""
@@ -255,8 +224,7 @@ def test_gpu_split_k_under_load_and_batch_invariant() -> None:
     reference, and each row equals itself computed alone."""
     x, w, b = _data(8, 4096, 3072, torch.bfloat16, seed=8, bias=True)
     for cfg in (GemvConfig(16, 128, 8), GemvConfig(4, 512, 2), GemvConfig(2, 1024, 1, num_warps=8),
-                GemvConfig(32, 256, 2, use_dot=True), GemvConfig(4, 1024, 1, lanes=True),
-                GemvConfig(2, 512, 2, num_stages=3, lanes=True)):
+                GemvConfig(32, 256, 2, use_dot=True)):
         expected = gemv_triton(x, w, b, cfg)
         torch.testing.assert_close(expected, gemv_ref(x, w, b), **TOL[torch.bfloat16])
         for _ in range(100):
@@ -300,7 +268,6 @@ NORM_CASES = [  # m, n, k, config
     (3, 30, 300, GemvConfig(2, 128, 2)),  # split-K: every split computes the whole row's statistics
     (8, 33, 1030, GemvConfig(8, 256, 1, num_warps=8)),
     (5, 64, 200, GemvConfig(16, 64, 2, use_dot=True)),
-    (6, 40, 300, GemvConfig(2, 64, 2, lanes=True)),
 ]
 
 

@@ -54,7 +54,6 @@ ACT_CASES = [  # m, n, k (the down projection's K: gate_up is [M, 2K]), config
     (8, 33, 1030, GemvConfig(8, 256, 1, num_warps=8)),  # last tile short
     (5, 64, 200, GemvConfig(16, 64, 2, use_dot=True)),  # tensor cores: [16, BK] activation tiles
     (2, 17, 15, GemvConfig(1, 16, 1)),
-    (6, 40, 300, GemvConfig(4, 64, 2, lanes=True)),  # per-lane sums: [M_PAD, 1, BK / 8, 8] activation tiles
 ]
 
 

@@ -43,7 +43,6 @@ def test_switch_is_on_by_default_and_never_applies_off_cuda(monkeypatch: pytest.
     (5, 33, 200, GemvConfig(32, 32, 3, use_dot=True)),
     (2, 17, 15, GemvConfig(1, 16, 1)),  # K below one tile
     (7, 20, 100, GemvConfig(4, 32, 2)),  # M = 7 rows, two tiles per split
-    (6, 30, 300, GemvConfig(2, 64, 2, lanes=True)),  # per-lane sums: the first [BN, BK / 8, 8] tile before the wait
 ])
 def test_gemv_bit_equal_with_pdl(monkeypatch: pytest.MonkeyPatch, m: int, n: int, k: int,
                                  config: GemvConfig | None) -> None:

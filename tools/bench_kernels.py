@@ -171,28 +171,10 @@ def _sweep_dot_configs(n: int, k: int, sms: int) -> list[GemvConfig]:
     return out
 
 
-def _sweep_lanes_configs(n: int, k: int, sms: int) -> list[GemvConfig]:
-    """Per-lane-sum launch shapes (x padded to 8 rows) worth timing: 64..256 float32 products per thread and tile
-    (above that the accumulators spill on sm_90: tools/kernel_resources.py), every warp on its own K range (a tile
-    of at least 8 k per thread: otherwise Triton spreads the warps over the rows and each loads the same weights),
-    at least one program per SM."""
-    kp = triton.next_power_of_2(k)
-    out = []
-    for bn, bk, split, warps in itertools.product((1, 2, 4), (512, 1024, 2048), (1, 2, 4), (2, 4, 8)):
-        per_thread = MAX_M * bn * bk // (32 * warps)
-        if (bk > kp or split * bk > kp or not 64 <= per_thread <= 256 or bk < 8 * 32 * warps
-                or triton.cdiv(n, bn) * split < sms):
-            continue
-        for stages in (1, 3) if kp // (split * bk) >= 2 else (1,):
-            out.append(GemvConfig(bn, bk, split, num_warps=warps, num_stages=stages, lanes=True))
-    return out
-
-
 def choose_plan(ms: list[int], cublas: dict[int, float], loop: dict[int, float],
                 dot: dict[int, float]) -> tuple[int, int]:
-    """(s, d): the row loop serves M <= s, tensor cores or per-lane sums (`dot`: the better of the two) s < M <= d,
-    cuBLAS the rest; s and d powers of two (or 0 / s: unused), chosen for the least total time over the measured
-    ms. Ties keep fewer kernels."""
+    """(s, d): the row loop serves M <= s, tensor cores s < M <= d, cuBLAS the rest; s and d powers of two (or 0 /
+    s: unused), chosen for the least total time over the measured ms. Ties keep fewer kernels."""
     best: tuple[float, int, int, int] | None = None
     for s in (0, 1, 2, 4, 8):
         for d in (s, *(p for p in (2, 4, 8) if p > s)):
@@ -246,23 +228,20 @@ def bench_gemv(shapes: dict[str, tuple[int, int]], ms: list[int], device: torch.
                   flush=True)
         if sweep:
             tuned_loop = [dataclasses.replace(c, max_m=MAX_M) for c in tuned_configs().get((n, k), ())
-                          if not c.use_dot and not c.lanes] if loop_from_table else []
+                          if not c.use_dot] if loop_from_table else []
             loop_candidates = tuned_loop or [default_config(n, k, device), *_sweep_configs(n, k, sms)]
             loops = _top_at_every_m(loop_candidates, min(ms), 6, xs, weights, device, reps)
             best_loop, loop_us = min(loops, key=lambda t: t[1][min(ms)])
-            # second tier: tensor cores and per-lane sums (timed with max_m = 8 rows: a plan that caps a lanes
-            # config lower pads it to fewer rows, which costs no more)
-            dots = _top_at_every_m(_sweep_dot_configs(n, k, sms) + _sweep_lanes_configs(n, k, sms), max(ms), 6, xs,
-                                   weights, device, reps)
+            dots = _top_at_every_m(_sweep_dot_configs(n, k, sms), max(ms), 4, xs, weights, device, reps)
             best_dot, dot_us = min(dots, key=lambda t: sum(t[1].values())) if dots else (None, {})
             s, d = choose_plan(ms, row["torch_us"], loop_us, dot_us)
             configs = ([dataclasses.replace(best_loop, max_m=s)] if s else []) + (
                 [dataclasses.replace(best_dot, max_m=d)] if d > s and best_dot is not None else [])
             row["best_configs"] = [c.__dict__ for c in configs]
             row["best_us"] = {m: (loop_us if m <= s else dot_us if m <= d else row["torch_us"])[m] for m in ms}
-            for label, (c, us) in (("row loop", (best_loop, loop_us)), ("second tier", (best_dot, dot_us))):
+            for label, (c, us) in (("row loop", (best_loop, loop_us)), ("tensor cores", (best_dot, dot_us))):
                 print(f"  best {label}: {c} " + " ".join(f"M={m}: {v:.1f}" for m, v in us.items()), flush=True)
-            print(f"  plan: row loop M <= {s}, second tier up to {d}; " + " ".join(
+            print(f"  plan: row loop M <= {s}, tensor cores up to {d}; " + " ".join(
                 f"M={m}: {row['best_us'][m]:.1f} vs cuBLAS {row['torch_us'][m]:.1f} us" for m in ms), flush=True)
         rows.append(row)
         del weights
@@ -279,7 +258,7 @@ def main() -> None:
     ap.add_argument("--sweep", action="store_true", help="also time a grid of GemvConfigs per shape and M")
     ap.add_argument("--loop-from-table", action="store_true",
                     help="with --sweep: the row loop of a shape already in the tuned table is its config there (only "
-                    "the second tier, tensor cores and per-lane sums, is swept for it)")
+                    "the tensor-core configs are swept for it)")
     ap.add_argument("--shapes", default="", help="comma-separated name parts or NxK weights: only those GEMV shapes "
                     "(e.g. qkv,o 2048 or 2048x1024)")
     ap.add_argument("--tuned-out", default=None,

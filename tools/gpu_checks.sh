@@ -20,7 +20,6 @@
 #   bash tools/gpu_checks.sh spec-table # kernel tables of those verify steps next to a plain decode step's (same carry)
 #   bash tools/gpu_checks.sh gemv       # the GEMV kernel tests on CUDA, then its launch-shape sweep vs cuBLAS per
 #                                       # 0.6B layer shape (the tuned table: $OUT/gemv/gemv_configs.json)
-#   bash tools/gpu_checks.sh lanes      # the per-lane-sum GEMV's tests on CUDA, then the second tier swept per shape
 #   bash tools/gpu_checks.sh l1-ab      # GEMV engine tests, then L1/L2: cuBLAS + old attention splits, cuBLAS + new,
 #                                       # GEMV (GEMV_TABLE, default the committed table) + new; kernel table
 #                                       # (L1_RUNS picks among base attn gemv fused norm both combo cdt pdl fold autotune;
@@ -54,7 +53,7 @@
 # limit so the last phase still ends (and is tarred) inside the device call:
 #   DEADLINE=560 bash tools/gpu_checks.sh tests-a tests-b
 set -u
-[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-pair-table | spec-unroll | spec-why | spec-demo | spec-b64 | spec-b64-host | spec-diag | host-probe | small-mixed | spec16c | spec-cost | spec-table | rej | spec16 | spec16b | gemv | lanes | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | final15 | attn-spills | attn-best | p1-rows | bench2 | startup | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-pair-table | spec-unroll | spec-why | spec-demo | spec-b64 | spec-b64-host | spec-diag | host-probe | small-mixed | spec16c | spec-cost | spec-table | rej | spec16 | spec16b | gemv | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | final15 | attn-spills | attn-best | p1-rows | bench2 | startup | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
 OUT=${OUT:-/tmp/out}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 END=$(( $(date +%s) + ${DEADLINE:-100000} ))
@@ -391,20 +390,6 @@ gemv)
   T 480 python3 tools/bench_kernels.py --only gemv --sweep --shapes "${GEMV_SHAPES:-qkv,o 2048,gate_up,down}" --ms 1,2,3,4,5,8 \
     --tuned-out "$R/gemv_configs.json" --json "$R/bench_gemv.json" > "$R/bench_gemv.log" 2>&1
   cp "$R/gemv_configs.json" /tmp/gemv_configs.json  # for l1-ab on the same warm machine (GEMV_TABLE=...)
-  ;;
-lanes)
-  # issue 17: the per-lane-sum GEMV (GemvConfig.lanes) on CUDA with the activation and PDL tests, then the second
-  # tier (tensor cores and per-lane sums) swept for each shape of GEMV_SHAPES (default the 0.6B layers), the row
-  # loop of a shape already tuned taken from the table; merged into a copy of the committed table
-  # ($R/gemv_configs.json, and /tmp/gemv_configs.json for l1-ab's GEMV_TABLE on the same warm machine)
-  T 170 python3 -m pytest -q -x -p no:cacheprovider tests/test_gemv.py tests/test_gemv_act.py tests/test_pdl.py \
-    > "$R/pytest_gemv.log" 2>&1
-  echo "pytest rc=$?" >> "$R/pytest_gemv.log"
-  cp graphrunner/models/gemv_configs.json "$R/gemv_configs.json"
-  T 420 python3 tools/bench_kernels.py --only gemv --sweep --loop-from-table \
-    --shapes "${GEMV_SHAPES:-qkv,o 2048,gate_up,down}" --ms 1,2,3,4,5,8 --tuned-out "$R/gemv_configs.json" \
-    --json "$R/bench_gemv.json" > "$R/bench_gemv.log" 2>&1
-  cp "$R/gemv_configs.json" /tmp/gemv_configs.json
   ;;
 l1-ab|l1-runs)
   # l1-runs: only the L1/L2 runs named in L1_RUNS (no engine tests, no kernel table)

@@ -81,18 +81,17 @@ def gemv_rows() -> list[dict[str, Any]]:
     rows = []
     for entry in json.loads(gemv.TUNED_CONFIGS_FILE.read_text()):
         for cfg in entry["configs"]:
-            config = gemv.GemvConfig(**cfg)
             for m, act in itertools.product(sorted({1, cfg["max_m"]}), (False, True) if entry["K"] == 3072 else (False,)):
-                consts = {"M_PAD": config.m_pad(m), "BLOCK_N": cfg["block_n"],
+                consts = {"M_PAD": 16 if cfg["use_dot"] else triton.next_power_of_2(m), "BLOCK_N": cfg["block_n"],
                           "BLOCK_K": cfg["block_k"], "SPLIT": cfg["split_k"] > 1, "HAS_BIAS": False,
-                          "USE_DOT": config.use_dot, "LANES": config.lanes, "NORM": False, "ACT": act, "PDL": True}
+                          "USE_DOT": cfg["use_dot"], "NORM": False, "ACT": act, "PDL": True}
                 sig = {n: "constexpr" if n in consts else ptrs.get(n, "i32") for n in params}
                 row = {"N": entry["N"], "K": entry["K"], "M": m, "act": act, "config": cfg,
                        **resources(gemv._gemv_kernel, sig, consts,
                                    {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]})}
                 rows.append(row)
                 print(f"gemv N={row['N']:<5} K={row['K']:<5} M={m} act {int(act)} block_n {cfg['block_n']:<3} "
-                      f"block_k {cfg['block_k']:<5} dot {int(config.use_dot)} lanes {int(config.lanes)}: {row['registers']:3d} registers, "
+                      f"block_k {cfg['block_k']:<5} dot {int(cfg['use_dot'])}: {row['registers']:3d} registers, "
                       f"{row['stack_bytes']:4d} B stack, {row['spill_instructions']:3d} spill instructions", flush=True)
     return rows
 

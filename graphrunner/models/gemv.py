@@ -1,8 +1,8 @@
 """Small-M linear for decode: y = x @ W^T (+ b) with x [M <= 8, K] and W [N, K] in bf16/fp16, reading W once.
 
 Each program loads a [BLOCK_N, BLOCK_K] tile of W per step along K and applies it to every row of x in turn (or,
-for larger M, to x padded to 16 rows in one tl.dot, or to x padded to max_m rows with per-lane sums reduced once after
-the K loop), so a row's bits never depend on M: a padded CUDA graph and an eager step agree. Split-K partials are summed in split order by the last program of each N tile. `linear()` routes
+for larger M, to x padded to 16 rows in one tl.dot), so a row's bits never depend on M: a padded CUDA graph and an
+eager step agree. Split-K partials are summed in split order by the last program of each N tile. `linear()` routes
 the shapes tuned in gemv_configs.json to it.
 """
 
@@ -54,10 +54,6 @@ class GemvConfig:
     # tensor cores: x padded to 16 rows, one tl.dot per weight tile (rows still independent of M, since the
     # instruction shape and the K order are fixed); for the counts past a row-loop config's max_m
     use_dot: bool = False
-    # per-lane sums: x padded to max_m rows; each thread sums its 8 consecutive k of every (row, n) into its own
-    # float32 lanes, and threads meet once, after the K loop (the row loop reduces across threads once per row and
-    # tile: the cost that made it lose above M = 4); rows independent of M since the padded shape is the config's
-    lanes: bool = False
 
     def __post_init__(self) -> None:
         if self.block_n < 1 or self.block_n & (self.block_n - 1):
@@ -72,12 +68,6 @@ class GemvConfig:
             raise ValueError(f"max_m must be 1, 2, 4 or 8, got {self.max_m}")
         if self.use_dot and self.block_n < 16:
             raise ValueError(f"a tl.dot config needs block_n >= 16, got {self.block_n}")
-        if self.use_dot and self.lanes:
-            raise ValueError("a GEMV config is tensor cores (use_dot) or per-lane sums (lanes), not both")
-
-    def m_pad(self, m: int) -> int:
-        """The rows one program computes for M tokens (M <= max_m for lanes configs)."""
-        return 16 if self.use_dot else self.max_m if self.lanes else triton.next_power_of_2(m)
 
 
 def load_tuned_configs(path: Path | str) -> dict[tuple[int, int], tuple[GemvConfig, ...]]:
@@ -167,24 +157,6 @@ def _gemv_step(acc, w, k0, k_end, K, x_ptr, x_rows, norm_ptr, inv, M, stride_xm,
     return acc
 
 
-LANE_VEC = tl.constexpr(8)  # K elements a thread holds per row and tile in the lanes variant (one 128-bit load)
-
-
-@triton.jit
-def _lanes_step(acc, w, k0, k_end, K, x_tiles, k_in, norm_ptr, inv, NORM: tl.constexpr, ACT: tl.constexpr):
-    """acc [M_PAD, BN, BK / 8] += the in-thread sums of x[:, k0:k0 + BK] * w over each thread's 8 consecutive k, for
-    the loaded tile w [BN, BK / 8, 8]; x_tiles [M_PAD, 1, BK / 8, 8] are x's pointers at k = 0. No value crosses a
-    thread until the final reduction, and each x element is loaded once per tile for all BN rows."""
-    k_mask = (k0 + k_in) < k_end  # [BK / 8, 8]
-    x = tl.load(x_tiles + k0, mask=k_mask[None, None, :, :], other=0.0)  # [M_PAD, 1, BK / 8, 8]
-    if NORM:
-        norm_w = tl.load(norm_ptr + k0 + k_in, mask=k_mask, other=0.0)  # [BK / 8, 8]
-        x = normed_tile(x, inv[:, None, None, None], norm_w[None, None, :, :])
-    if ACT:
-        x = silu_mul(x, tl.load(x_tiles + K + k0, mask=k_mask[None, None, :, :], other=0.0))
-    return acc + tl.sum(w.to(tl.float32)[None, :, :, :] * x.to(tl.float32), axis=3)
-
-
 @triton.jit
 def _gemv_kernel(
     x_ptr,  # [M, K] bf16/fp16, unit stride along K ([M, 2K] with ACT: gate, then up)
@@ -209,7 +181,6 @@ def _gemv_kernel(
     SPLIT: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     USE_DOT: tl.constexpr,
-    LANES: tl.constexpr,  # per-lane sums, reduced over K after the loop (GemvConfig.lanes)
     NORM: tl.constexpr,
     ACT: tl.constexpr,  # x holds [gate, up]: the kernel's input is silu(gate) * up (models.activation)
     PDL: tl.constexpr,  # launched with programmatic dependent launch (graphrunner.pdl)
@@ -227,14 +198,7 @@ def _gemv_kernel(
     # are constant, so this read overlaps that kernel's tail; the rest reads x or writes, so it waits). The
     # tensor-core variant waits first and keeps its software-pipelined loop whole (peeling it out of that loop is
     # the suspect for L2's +30 µs with PDL on the H200, thirteenth session).
-    if LANES:  # tiles shaped [.., BK / 8, 8]: each thread's 8 consecutive k are one 128-bit load and its own sum
-        k_in = tl.arange(0, BLOCK_K // LANE_VEC)[:, None] * LANE_VEC + tl.arange(0, LANE_VEC)[None, :]  # [BK / 8, 8]
-        w_tiles = w_rows[:, :, None] + k_in[None, :, :]  # [BLOCK_N, BK / 8, 8] at k = 0
-        x_tiles = x_rows[:, :, None, None] + k_in[None, None, :, :]  # [M_PAD, 1, BK / 8, 8] at k = 0
-        if PDL:
-            w_first = tl.load(w_tiles + k_start, mask=n_mask[:, None, None] & ((k_start + k_in) < k_end)[None, :, :],
-                              other=0.0)
-    elif PDL and not USE_DOT:  # (constexprs: resolved at compile time)
+    if PDL and not USE_DOT:  # (constexprs: resolved at compile time)
         first_k = k_start + tl.arange(0, BLOCK_K)
         w_first = tl.load(w_rows + first_k[None, :], mask=n_mask[:, None] & (first_k < k_end)[None, :], other=0.0)
     if PDL:
@@ -245,7 +209,7 @@ def _gemv_kernel(
         ss = tl.zeros((M_PAD,), dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
             offs_k = k0 + tl.arange(0, BLOCK_K)
-            if USE_DOT or LANES:
+            if USE_DOT:
                 xk = tl.load(x_rows + offs_k[None, :], mask=(offs_k < K)[None, :], other=0.0).to(tl.float32)
                 ss += tl.sum(xk * xk, axis=1)
             else:  # row by row through the same [BLOCK_K] reduction, as the products below
@@ -254,28 +218,17 @@ def _gemv_kernel(
                                  other=0.0).to(tl.float32)
                     ss = tl.where(rows == m, ss + tl.sum(xk * xk, axis=0), ss)
         inv = tl.rsqrt(ss / K + eps)
-    if LANES:
-        lanes = tl.zeros((M_PAD, BLOCK_N, BLOCK_K // LANE_VEC), dtype=tl.float32)
-        loop_start = k_start
-        if PDL:
-            lanes = _lanes_step(lanes, w_first, k_start, k_end, K, x_tiles, k_in, norm_ptr, inv, NORM, ACT)
-            loop_start = k_start + BLOCK_K
-        for k0 in range(loop_start, k_end, BLOCK_K):
-            w = tl.load(w_tiles + k0, mask=n_mask[:, None, None] & ((k0 + k_in) < k_end)[None, :, :], other=0.0)
-            lanes = _lanes_step(lanes, w, k0, k_end, K, x_tiles, k_in, norm_ptr, inv, NORM, ACT)
-        acc = tl.sum(lanes, axis=2)  # [M_PAD, BLOCK_N]: the one reduction across threads
-    else:
-        acc = tl.zeros((M_PAD, BLOCK_N), dtype=tl.float32)
-        loop_start = k_start
-        if PDL and not USE_DOT:  # (without PDL the loop is the one measured on the H200, untouched)
-            acc = _gemv_step(acc, w_first, k_start, k_end, K, x_ptr, x_rows, norm_ptr, inv, M, stride_xm, rows,
-                             M_PAD, BLOCK_K, USE_DOT, NORM, ACT)
-            loop_start = k_start + BLOCK_K
-        for k0 in range(loop_start, k_end, BLOCK_K):
-            offs_k = k0 + tl.arange(0, BLOCK_K)
-            w = tl.load(w_rows + offs_k[None, :], mask=n_mask[:, None] & (offs_k < k_end)[None, :], other=0.0)
-            acc = _gemv_step(acc, w, k0, k_end, K, x_ptr, x_rows, norm_ptr, inv, M, stride_xm, rows,
-                             M_PAD, BLOCK_K, USE_DOT, NORM, ACT)
+    acc = tl.zeros((M_PAD, BLOCK_N), dtype=tl.float32)
+    loop_start = k_start
+    if PDL and not USE_DOT:  # (without PDL the loop is the one measured on the H200, untouched)
+        acc = _gemv_step(acc, w_first, k_start, k_end, K, x_ptr, x_rows, norm_ptr, inv, M, stride_xm, rows,
+                         M_PAD, BLOCK_K, USE_DOT, NORM, ACT)
+        loop_start = k_start + BLOCK_K
+    for k0 in range(loop_start, k_end, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        w = tl.load(w_rows + offs_k[None, :], mask=n_mask[:, None] & (offs_k < k_end)[None, :], other=0.0)
+        acc = _gemv_step(acc, w, k0, k_end, K, x_ptr, x_rows, norm_ptr, inv, M, stride_xm, rows,
+                         M_PAD, BLOCK_K, USE_DOT, NORM, ACT)
     mask = (rows < M)[:, None] & n_mask[None, :]
     out = out_ptr + rows[:, None].to(tl.int64) * stride_om + offs_n[None, :]
     if not SPLIT:
@@ -356,8 +309,6 @@ def gemv_triton(x: Tensor, weight: Tensor, bias: Tensor | None, config: GemvConf
     x = x if x.stride(1) == 1 else x.contiguous()
     weight = weight if weight.stride(1) == 1 else weight.contiguous()
     cfg = config or default_config(n, k, x.device)
-    if cfg.lanes and m > cfg.max_m:
-        raise ValueError(f"a lanes GEMV config computes max_m = {cfg.max_m} rows, got {m}")
     tiles = triton.cdiv(n, cfg.block_n)
     k_per_split = triton.cdiv(triton.cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
     split_k = triton.cdiv(k, k_per_split)  # never an empty split
@@ -370,9 +321,9 @@ def gemv_triton(x: Tensor, weight: Tensor, bias: Tensor | None, config: GemvConf
     _gemv_kernel[(tiles, split_k)](
         x, weight, bias_arg, norm[0] if norm is not None else out, out, part, counters if counters is not None else out,
         m, n, k, x.stride(0), weight.stride(0), out.stride(0), k_per_split, split_k,
-        float(norm[1]) if norm is not None else 0.0, M_PAD=cfg.m_pad(m),
+        float(norm[1]) if norm is not None else 0.0, M_PAD=16 if cfg.use_dot else triton.next_power_of_2(m),
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT=split_k > 1, HAS_BIAS=bias is not None, USE_DOT=cfg.use_dot,
-        LANES=cfg.lanes, NORM=norm is not None, ACT=silu_mul, PDL=pdl,
+        NORM=norm is not None, ACT=silu_mul, PDL=pdl,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl,
     )
     return out
