@@ -11,9 +11,10 @@ import os
 from pathlib import Path
 
 import torch
-import torch.fx.experimental._config as fx_config
 from torch import nn
 
+from capture import aot
+from capture.compile_settings import configure_compilers, configure_dynamo
 from capture.manifest import Manifest
 from capture.piecewise import PiecewiseBackend
 from graphrunner.config import EngineConfig
@@ -35,74 +36,9 @@ def use_compile_cache(cache_dir: Path) -> None:
     functorch_config.enable_autograd_cache = True
 
 
-# Dynamo counts compiled variants per code object, and every engine's model (same class, another
-# instance) adds its own: several engines in one process would hit the default limit of 8 and, with
-# fullgraph=True, fail.
-RECOMPILE_LIMIT = 64
-
-
-def _configure_dynamo() -> None:
-    """Dynamo settings every compiled module here shares (the target and a proposer's module)."""
-    cfg = torch._dynamo.config
-    for name in ("recompile_limit", "cache_size_limit"):
-        if hasattr(cfg, name):
-            setattr(cfg, name, max(getattr(cfg, name), RECOMPILE_LIMIT))
-    # Float module attributes (norm eps, attention scale) are constants of a model. Traced as symbolic
-    # floats, Dynamo's scalar pass later gives up on them and restarts the whole trace (twice on the
-    # demo model: 3x Dynamo's time), and the lifted 0-d inputs differed between processes, which
-    # defeated AOTAutograd's cache. Specialised, the model traces once.
-    if hasattr(cfg, "specialize_float"):
-        cfg.specialize_float = True
-    # The profiling step's views span whole step buffers: duck sizing would give a view and its base
-    # one symbol, and the next (shorter) step would compile a third variant next to the general one
-    # and the one-token one (12 s of Dynamo on the 28-layer model).
-    fx_config.use_duck_shape = False
-    # Dynamo specialises sizes 0 and 1: the first one-token step (every decode at batch 1, and the
-    # one-token capture) traced the whole model a second time, on a warm start too (7.5 s of 32.6 s on
-    # the H200's 28 layers). Size-oblivious symbols keep one general graph for every token count (the
-    # models avoid the ops that still guard on t == 1: reshape/contiguous of a strided view).
-    if hasattr(fx_config, "backed_size_oblivious"):
-        fx_config.backed_size_oblivious = True
-
-
-def parse_inductor_overrides(raw: str) -> dict[str, bool | int | float | str]:
-    """"name=value,name=value" (GRAPHRUNNER_INDUCTOR_CONFIG) -> {name: value} for torch._inductor.config, values
-    read as bool (true/false), int, float or else a string; ValueError naming a malformed item or unknown name.
-    For A/Bs of Inductor's options (e.g. combo_kernels=1, coordinate_descent_tuning=1) without code changes."""
-    out: dict[str, bool | int | float | str] = {}
-    for item in filter(None, (part.strip() for part in raw.split(","))):
-        name, sep, text = item.partition("=")
-        name, text = name.strip(), text.strip()
-        if not sep or not name or not text:
-            raise ValueError(f"GRAPHRUNNER_INDUCTOR_CONFIG items are name=value, got {item!r}")
-        if not hasattr(torch._inductor.config, name):
-            raise ValueError(f"GRAPHRUNNER_INDUCTOR_CONFIG: torch._inductor.config has no option {name!r}")
-        value: bool | int | float | str
-        if text.lower() in ("true", "false"):
-            value = text.lower() == "true"
-        else:
-            try:
-                value = int(text)
-            except ValueError:
-                try:
-                    value = float(text)
-                except ValueError:
-                    value = text
-        if isinstance(getattr(torch._inductor.config, name), bool) and value in (0, 1):
-            value = bool(value)
-        out[name] = value
-    return out
-
-
-def _configure_inductor() -> None:
-    for name, value in parse_inductor_overrides(os.environ.get("GRAPHRUNNER_INDUCTOR_CONFIG", "")).items():
-        setattr(torch._inductor.config, name, value)
-
-
 def compile_model(model: nn.Module, backend: PiecewiseBackend | None = None) -> nn.Module:
     """The model behind torch.compile with the piecewise backend (attention stays outside the pieces)."""
-    _configure_dynamo()
-    _configure_inductor()
+    configure_compilers()
     return torch.compile(model, backend=backend or PiecewiseBackend(), fullgraph=True, dynamic=True)
 
 
@@ -111,7 +47,7 @@ def compile_draft(module: nn.Module) -> nn.Module:
     Its forwards run inside the target's FULL verify graphs (or between a mixed step's pieces), so it needs no
     graphs of its own; eager, each layer was ~25 small kernels, and a k = 4 verify step with the 8-layer demo
     draft cost 5.3x a plain decode step of its 24-layer target (docs/BENCHMARKS.md, tenth session)."""
-    _configure_dynamo()
+    configure_dynamo()
     return torch.compile(module, backend="inductor", fullgraph=True, dynamic=True)
 
 
@@ -144,11 +80,15 @@ def manifest_for(config: EngineConfig, model_state: ModelState) -> Manifest:
 
 def prepare_compiled_model(model: nn.Module, config: EngineConfig, model_state: ModelState
                            ) -> tuple[nn.Module, PiecewiseBackend]:
-    """For an engine: with a compile cache, check its manifest against this run and point the caches at it;
-    then compile. Returns the compiled model and its backend (which lists the pieces it made)."""
+    """For an engine: with a compile cache, check its manifest against this run and point the caches at it, and
+    load the model's saved compilation from it where there is a fresh one (capture/aot.py); otherwise compile.
+    Returns the compiled model and its backend (which lists the pieces it made)."""
     cache_dir = config.compile_cache
     if cache_dir is not None:
         Manifest.load(cache_dir).check_matches(manifest_for(config, model_state), cache_dir)
         use_compile_cache(cache_dir)
+        loaded = aot.load(cache_dir, model) if config.tensor_parallel_size == 1 else None
+        if loaded is not None:
+            return loaded
     backend = PiecewiseBackend()
     return compile_model(model, backend), backend

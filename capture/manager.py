@@ -57,6 +57,7 @@ class CaptureManager:
         self._full: dict[FullKey, tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...]]] = {}
         self.pool_bytes = 0
         self.capture_seconds = 0.0
+        self.piecewise_capture_seconds = 0.0  # the part of capture_seconds spent on piecewise buckets
         self.mode_counts: Counter[StepMode] = Counter()  # steps planned per mode (tests and benchmarks read it)
         self.mixed_steps = 0  # FULL steps that used a mixed graph
 
@@ -145,6 +146,7 @@ class CaptureManager:
                 with piecewise_graphs(size, self.pool, capture=True):
                     bodies.forward(inputs, shape)
                 bar(f"piecewise {size} tokens")
+            self.piecewise_capture_seconds = time.perf_counter() - start
             for key in full_keys:
                 num_reqs, num_tokens, splits, mixed = key
                 self.buffers.fill_padding_rows(num_reqs)

@@ -1,5 +1,6 @@
 """`graphrunner precompile`: compile everything an engine with a given config will need, offline, into
-one directory (Inductor's and Triton's caches plus a manifest) that later engines start warm from.
+one directory (Inductor's and Triton's caches, the model's saved compilation and a manifest) that later engines
+start warm from.
 
 It lives in the front because it drives a real Engine; capture/compiled.py reads the directory back.
 """
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from capture import aot
 from capture.compiled import graph_sizes, manifest_for
 from capture.manifest import MANIFEST_NAME
 from graphrunner.config import EngineConfig
@@ -24,6 +26,17 @@ from graphrunner.worker import build_model_state
 # precompile serves requests with prompts of these lengths one after another (re-tracing for each), then
 # single-token decodes, so whichever variant a later run traces is in the cache.
 WARMUP_TOKEN_COUNTS = (1, 3, 4, 16, 17, 64)
+
+
+def save_aot(engine: Engine, out_dir: Path) -> None:
+    """The engine's compiled model saved whole (capture/aot.py), traced at the first step's shape: warm starts then
+    load it instead of tracing. Tensor-parallel ranks (in other processes) trace as before."""
+    runner = engine.runner
+    t = min(engine.config.scheduler.max_num_batched_tokens, engine.config.scheduler.max_model_len)
+    model = getattr(runner.model, "_orig_mod", runner.model)
+    (out_dir / aot.MODEL_FILE).unlink(missing_ok=True)
+    with runner.first_step_inputs(t) as args:
+        aot.save(model, args, out_dir)
 
 
 def precompile(config: EngineConfig, out_dir: Path) -> float:
@@ -51,6 +64,8 @@ def precompile(config: EngineConfig, out_dir: Path) -> float:
             engine.add_request({"prompt_token_ids": [0] * count}, SamplingParams(temperature=0.0, max_tokens=2))
             while engine.has_unfinished():
                 engine.step()
+        if aot.available() and config.tensor_parallel_size == 1:
+            save_aot(engine, out_dir)
     except BaseException:
         (out_dir / MANIFEST_NAME).unlink(missing_ok=True)  # a half-built cache must not look valid
         raise

@@ -12,7 +12,8 @@ itself never touches a CUDA graph. With speculative decoding, a step holding dra
 
 from __future__ import annotations
 
-from contextlib import nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -313,6 +314,16 @@ class ModelRunner:
                                        plan.next_ids, plan.num_top, PROMPT_LOGPROBS_CHUNK, self.use_triton)
 
     # -- the forward, and the bodies capture records ------------------------------------------
+    @contextmanager
+    def first_step_inputs(self, num_tokens: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """(input_ids [T], positions [T]) of a dummy prefill of num_tokens (views of the step buffers), in inference
+        mode with the attention context set: the call a compiled model meets first (the memory profile's step)."""
+        with torch.inference_mode():
+            inputs, shape = self.model_state.dummy_inputs(self.buffers, num_tokens, prefill=True)
+            meta = self.model_state.prepare_attn(inputs, shape)
+            with forward_context(meta, self.kv_cache, self.attention_backend):
+                yield inputs.input_ids, inputs.positions
+
     def run_model(self, inputs: StepInputs, shape: StepShape) -> torch.Tensor:
         """The model over prepared inputs with its attention context set; hidden states [T, hidden]."""
         meta = self.model_state.prepare_attn(inputs, shape)

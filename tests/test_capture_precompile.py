@@ -1,12 +1,14 @@
 """Offline precompilation on CPU (Inductor C++): a manifest that does not match this run is refused
-naming the field; a precompiled directory gives a warm start that compiles from cache hits only and
-generates the same tokens as eager.
+naming the field; a precompiled directory gives a warm start that loads the saved compilation without tracing
+(capture/aot.py), or, where that artifact is stale, corrupt or turned off, compiles from cache hits only; every
+way generates the same tokens as eager.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +17,7 @@ import pytest
 import torch
 from tiny_models import make_tiny_model
 
+from capture import aot
 from capture.manifest import MANIFEST_NAME, Manifest
 from graphrunner import LLM
 
@@ -24,9 +27,12 @@ from torch._dynamo.utils import counters
 from graphrunner import LLM, SamplingParams
 llm = LLM(model=sys.argv[1], compile_cache=sys.argv[2], num_gpu_blocks_override=64, max_model_len=256,
           device=sys.argv[3], dtype="float32")
-out = llm.generate([[5, 6, 7, 8, 9]], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))[0]
-print(json.dumps({"tokens": out.outputs[0].token_ids, "inductor": dict(counters["inductor"])}))
+out = llm.generate([[5, 6, 7, 8, 9], [3], list(range(40, 70))],
+                   SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
+print(json.dumps({"tokens": [o.outputs[0].token_ids for o in out], "inductor": dict(counters["inductor"]),
+                  "traced": counters["stats"]["unique_graphs"], "model": type(llm.engine.runner.model).__name__}))
 """
+PROMPTS = [[5, 6, 7, 8, 9], [3], list(range(40, 70))]  # a prefill, a one-token prompt, a longer one
 
 
 @pytest.fixture(scope="module")
@@ -76,18 +82,44 @@ def test_precompile_then_warm_start_hits_the_cache(tmp_path: Path, model_dir: Pa
     assert pre.returncode == 0, pre.stderr
     manifest = json.loads((cache / MANIFEST_NAME).read_text())
     assert (manifest["device_name"] == "cpu") == (device == "cpu"), manifest
-    warm = subprocess.run([sys.executable, "-c", WARM_SCRIPT, str(model_dir), str(cache), device],
-                          capture_output=True, text=True, timeout=600, check=False)
-    assert warm.returncode == 0, warm.stderr
-    result = json.loads(warm.stdout.strip().splitlines()[-1])
-    assert result["inductor"].get("fxgraph_cache_miss", 0) == 0, result["inductor"]
-    assert result["inductor"].get("fxgraph_cache_hit", 0) > 0, result["inductor"]
+    assert (cache / aot.MODEL_FILE).is_file() and (cache / aot.KEY_FILE).is_file()
     eager = LLM(model=model_dir, num_gpu_blocks_override=64, max_model_len=256, device=device, dtype="float32",
                 enforce_eager=True)
     from graphrunner import SamplingParams
 
-    expected = eager.generate([[5, 6, 7, 8, 9]], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))[0]
-    assert result["tokens"] == expected.outputs[0].token_ids
+    expected = [o.outputs[0].token_ids for o in eager.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=6,
+                                                                                     ignore_eos=True))]
+
+    def warm(**env: str) -> dict:
+        run = subprocess.run([sys.executable, "-c", WARM_SCRIPT, str(model_dir), str(cache), device],
+                             capture_output=True, text=True, timeout=600, check=False, env={**os.environ, **env})
+        assert run.returncode == 0, run.stderr
+        result = json.loads(run.stdout.strip().splitlines()[-1])
+        assert result["tokens"] == expected
+        return result
+
+    loaded = warm()  # the saved compilation: no Dynamo trace, no Inductor cache lookups
+    assert loaded["model"] == "AOTCompiledModel" and loaded["traced"] == 0, loaded
+    assert not any(k.startswith("fxgraph_cache") for k in loaded["inductor"]), loaded["inductor"]
+    off = warm(GRAPHRUNNER_AOT="0")  # turned off: the engine traces, and Inductor's cache serves every piece
+    assert off["model"] == "OptimizedModule" and off["traced"] >= 1, off
+    assert off["inductor"].get("fxgraph_cache_miss", 0) == 0, off["inductor"]
+    assert off["inductor"].get("fxgraph_cache_hit", 0) > 0, off["inductor"]
+    # traced with another switch (here the unfused attention prologue: another graph, which Dynamo would not have
+    # caught, since it keeps module-level switches as constants without guards): traced again, eager's tokens
+    other = warm(GRAPHRUNNER_FUSED_QKV_PREP="0")
+    assert other["model"] == "OptimizedModule" and other["traced"] >= 1, other
+    if device == "cpu":  # an artifact that does not load is not used either (the GPU run has shown the rest)
+        (cache / aot.MODEL_FILE).write_bytes(b"not a compiled function")
+        assert warm()["model"] == "OptimizedModule"
+
+
+def test_aot_key_follows_code_switches_but_not_logging(monkeypatch: pytest.MonkeyPatch) -> None:
+    base = aot.code_key()
+    monkeypatch.setenv("GRAPHRUNNER_LOG_LEVEL", "INFO")
+    assert aot.code_key() == base
+    monkeypatch.setenv("GRAPHRUNNER_FUSED_ADD_NORM", "0")
+    assert aot.code_key() != base
 
 
 def test_manifest_records_the_graph_sizes_of_the_config(model_dir: Path) -> None:

@@ -1,4 +1,4 @@
-"""GRAPHRUNNER_INDUCTOR_CONFIG parsing (capture.compiled.parse_inductor_overrides): typed values, bools for
+"""GRAPHRUNNER_INDUCTOR_CONFIG parsing (capture.compile_settings.parse_inductor_overrides): typed values, bools for
 Inductor's bool options, clear errors for malformed items and unknown options."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from capture.compiled import parse_inductor_overrides
+from capture.compile_settings import parse_inductor_overrides
 
 
 def test_values_are_typed() -> None:

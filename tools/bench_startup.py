@@ -5,7 +5,8 @@
   directories, so every piece compiles from scratch, as a first-ever deployment without
   precompiled artifacts pays;
 * precompile: `graphrunner precompile` into an empty directory (offline, once);
-* warm: a run from that precompiled directory (compiled code loaded from the caches).
+* warm: a run from that precompiled directory (the model's saved compilation loaded, capture/aot.py);
+* warm-traced: the same with GRAPHRUNNER_AOT=0 (Dynamo traces the model again, Inductor's cache serves the pieces).
 Prints a table and writes JSON. Example: python tools/bench_startup.py --model /tmp/q06 --json s1.json
 """
 
@@ -29,16 +30,22 @@ print(f"STAGE imported {time.time() - t0:.3f}", flush=True)
 kw = {"enforce_eager": True} if sys.argv[3] == "eager" else {}
 if sys.argv[3] not in ("eager", "-"):
     kw["compile_cache"] = sys.argv[3]
-if len(sys.argv) > 4:  # --profile-dir: the engine build under cProfile, its top functions by cumulative time
-    import cProfile, pstats
-    prof = cProfile.Profile()
+params = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
+if len(sys.argv) > 4:  # --profile-dir: the engine build, then the first generate, under cProfile: the top functions
+    import cProfile, pstats  # by cumulative time in DIR/warm_profile.txt (the generate's in .generate.txt), the raw
+    prof = cProfile.Profile()  # stats beside them (.prof) for pstats
     llm = prof.runcall(LLM, model=None if sys.argv[2] == "-" else sys.argv[2], **kw)
-    with open(sys.argv[4], "w") as f:
-        pstats.Stats(prof, stream=f).sort_stats("cumulative").print_stats(80)
+    print(f"STAGE engine built {time.time() - t0:.3f}", flush=True)
+    gen = cProfile.Profile()
+    gen.runcall(llm.generate, [[1, 2, 3, 4]], params)
+    for p, path in ((prof, sys.argv[4]), (gen, sys.argv[4].replace(".txt", ".generate.txt"))):
+        p.dump_stats(path.replace(".txt", ".prof"))
+        with open(path, "w") as f:
+            pstats.Stats(p, stream=f).sort_stats("cumulative").print_stats(80)
 else:
     llm = LLM(model=None if sys.argv[2] == "-" else sys.argv[2], **kw)
-print(f"STAGE engine built {time.time() - t0:.3f}", flush=True)
-llm.generate([[1, 2, 3, 4]], SamplingParams(temperature=0, max_tokens=1, ignore_eos=True))
+    print(f"STAGE engine built {time.time() - t0:.3f}", flush=True)
+    llm.generate([[1, 2, 3, 4]], params)
 print(f"FIRST_TOKEN {time.time() - t0:.3f}")
 """
 
@@ -90,7 +97,7 @@ def _precompile(model: str, out: Path, env: dict[str, str]) -> float:
     return time.time() - t0
 
 
-STEPS = ("eager", "cold", "precompile", "warm")
+STEPS = ("eager", "cold", "precompile", "warm", "warm-traced")
 
 
 def main() -> None:
@@ -106,8 +113,9 @@ def main() -> None:
     unknown = set(order) - set(STEPS)
     if unknown:
         ap.error(f"--steps: unknown {sorted(unknown)}; choose from {list(STEPS)}")
-    if "warm" in order and ("precompile" not in order or order.index("precompile") > order.index("warm")):
-        ap.error("--steps: warm needs precompile before it")
+    for warm in ("warm", "warm-traced"):
+        if warm in order and ("precompile" not in order or order.index("precompile") > order.index(warm)):
+            ap.error(f"--steps: {warm} needs precompile before it")
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         cache = root / "precompiled"
@@ -115,7 +123,10 @@ def main() -> None:
                  "cold": ("cold_first_token_s", lambda: _first_token(args.model, "-", _empty_caches(root / "cold"))),
                  "precompile": ("precompile_s", lambda: _precompile(args.model, cache, _empty_caches(root / "pre"))),
                  "warm": ("warm_first_token_s",
-                          lambda: _first_token(args.model, str(cache), _empty_caches(root / "warm")))}
+                          lambda: _first_token(args.model, str(cache), _empty_caches(root / "warm"))),
+                 # the same precompiled directory with its saved compilation unused (capture/aot.py): traced again
+                 "warm-traced": ("warm_traced_first_token_s", lambda: _first_token(
+                     args.model, str(cache), {**_empty_caches(root / "warm-t"), "GRAPHRUNNER_AOT": "0"}))}
         if args.profile_dir is not None:
             args.profile_dir.mkdir(parents=True, exist_ok=True)
             steps["warm-profiled"] = ("warm_profiled_first_token_s", lambda: _first_token(
