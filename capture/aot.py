@@ -184,14 +184,37 @@ class _SavingBackend:
 
 class AOTCompiledModel(nn.Module):
     """Stands where torch.compile's module stood: calls the loaded forward with the model first (the traced
-    function is type(model).forward); every other attribute is the model's."""
+    function is type(model).forward); every other attribute is the model's.
 
-    def __init__(self, model: nn.Module, compiled: Callable[..., Any]) -> None:
+    The saved guards are checked at every call, and a failure raises instead of tracing. The first call (a warm-up
+    or the memory profile's step, before any graph is captured) is where a run that differs from precompile's in
+    global state (CPU threads, say) meets them: there the model is traced again through the same backend, whose
+    piece list the capture manager already holds."""
+
+    def __init__(self, model: nn.Module, compiled: Callable[..., Any], backend: PiecewiseBackend,
+                 retrace: Callable[[], nn.Module]) -> None:
         super().__init__()
         self._orig_mod = model
         self._compiled = compiled
+        self._backend = backend
+        self._retrace: Callable[[], nn.Module] | None = retrace
+        self.retraced = False  # the saved compilation was refused at the first call
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if self._retrace is None:
+            return self._compiled(self._orig_mod, *args, **kwargs)
+        retrace, self._retrace = self._retrace, None
+        try:
+            return self._compiled(self._orig_mod, *args, **kwargs)
+        except RuntimeError as exc:
+            if "GuardManager check failed" not in str(exc):
+                raise
+            logger.warning("the saved compilation's guards refused this run (%s); tracing again",
+                           str(exc).splitlines()[0][:300])
+        self._backend.graph_pieces.clear()  # (in place: the capture manager holds this list)
+        traced = retrace()
+        self._compiled = lambda _model, *a, **k: traced(*a, **k)
+        self.retraced = True
         return self._compiled(self._orig_mod, *args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
@@ -213,9 +236,11 @@ def save(model: nn.Module, example_args: tuple[Any, ...], cache_dir: Path) -> No
     (cache_dir / KEY_FILE).write_text(json.dumps({"key": code_key()}))
 
 
-def load(cache_dir: Path, model: nn.Module) -> tuple[nn.Module, PiecewiseBackend] | None:
+def load(cache_dir: Path, model: nn.Module, retrace: Callable[[PiecewiseBackend], nn.Module]
+         ) -> tuple[nn.Module, PiecewiseBackend] | None:
     """The model with its saved compilation (and the backend listing its pieces), or None where cache_dir has no
-    artifact, it was traced from other code or switches, or it does not load (each logged): compile as usual."""
+    artifact, it was traced from other code or switches, or it does not load (each logged): compile as usual.
+    retrace(backend) compiles the model through that backend, for a run the saved guards refuse."""
     path = cache_dir / MODEL_FILE
     if not available() or not path.is_file():
         return None
@@ -241,4 +266,4 @@ def load(cache_dir: Path, model: nn.Module) -> tuple[nn.Module, PiecewiseBackend
     if backend is None:
         logger.warning("compile cache %s: %s holds no piecewise compilation; tracing again", cache_dir, MODEL_FILE)
         return None
-    return AOTCompiledModel(model, compiled), backend
+    return AOTCompiledModel(model, compiled, backend, lambda: retrace(backend)), backend

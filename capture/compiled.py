@@ -87,7 +87,8 @@ def prepare_compiled_model(model: nn.Module, config: EngineConfig, model_state: 
     if cache_dir is not None:
         Manifest.load(cache_dir).check_matches(manifest_for(config, model_state), cache_dir)
         use_compile_cache(cache_dir)
-        loaded = aot.load(cache_dir, model) if config.tensor_parallel_size == 1 else None
+        loaded = aot.load(cache_dir, model, lambda b: compile_model(model, b)) if config.tensor_parallel_size == 1 \
+            else None
         if loaded is not None:
             return loaded
     backend = PiecewiseBackend()

@@ -30,7 +30,8 @@ llm = LLM(model=sys.argv[1], compile_cache=sys.argv[2], num_gpu_blocks_override=
 out = llm.generate([[5, 6, 7, 8, 9], [3], list(range(40, 70))],
                    SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
 print(json.dumps({"tokens": [o.outputs[0].token_ids for o in out], "inductor": dict(counters["inductor"]),
-                  "traced": counters["stats"]["unique_graphs"], "model": type(llm.engine.runner.model).__name__}))
+                  "traced": counters["stats"]["unique_graphs"], "model": type(llm.engine.runner.model).__name__,
+                  "retraced": getattr(llm.engine.runner.model, "retraced", None)}))
 """
 PROMPTS = [[5, 6, 7, 8, 9], [3], list(range(40, 70))]  # a prefill, a one-token prompt, a longer one
 
@@ -99,7 +100,7 @@ def test_precompile_then_warm_start_hits_the_cache(tmp_path: Path, model_dir: Pa
         return result
 
     loaded = warm()  # the saved compilation: no Dynamo trace, no Inductor cache lookups
-    assert loaded["model"] == "AOTCompiledModel" and loaded["traced"] == 0, loaded
+    assert loaded["model"] == "AOTCompiledModel" and loaded["traced"] == 0 and not loaded["retraced"], loaded
     assert not any(k.startswith("fxgraph_cache") for k in loaded["inductor"]), loaded["inductor"]
     off = warm(GRAPHRUNNER_AOT="0")  # turned off: the engine traces, and Inductor's cache serves every piece
     assert off["model"] == "OptimizedModule" and off["traced"] >= 1, off
@@ -109,6 +110,10 @@ def test_precompile_then_warm_start_hits_the_cache(tmp_path: Path, model_dir: Pa
     # caught, since it keeps module-level switches as constants without guards): traced again, eager's tokens
     other = warm(GRAPHRUNNER_FUSED_QKV_PREP="0")
     assert other["model"] == "OptimizedModule" and other["traced"] >= 1, other
+    # global state the saved guards check (here the CPU thread count: 1 against precompile's default): the first
+    # call is refused, and the model is traced again through the same backend before any graph is captured
+    refused = warm(OMP_NUM_THREADS="1")
+    assert refused["model"] == "AOTCompiledModel" and refused["retraced"] and refused["traced"] >= 1, refused
     if device == "cpu":  # an artifact that does not load is not used either (the GPU run has shown the rest)
         (cache / aot.MODEL_FILE).write_bytes(b"not a compiled function")
         assert warm()["model"] == "OptimizedModule"
