@@ -25,7 +25,6 @@ from torch import fx, nn
 from torch.utils import _pytree as pytree
 
 from capture.compile_settings import configure_compilers
-from capture.cuda_piece import GraphPiece
 from capture.piecewise import PiecewiseBackend, split_at_attention
 
 logger = logging.getLogger(__name__)
@@ -124,18 +123,16 @@ class PiecewiseArtifact(_SERIALIZABLE):  # type: ignore[misc,valid-type]
         split, compute, attention = split_at_attention(self.graph_module)
         self.backend.pieces, self.backend.attention_pieces = compute, attention
         wrapped: dict[int, Callable[..., Any]] = {}
+        fns: dict[str, Callable[..., Any]] = {}
         for name in compute:
             fn = self.piece_fns[name]
-            sub = getattr(split, name)
-            (out,) = next(n for n in sub.graph.nodes if n.op == "output").args
+            (out,) = next(n for n in getattr(split, name).graph.nodes if n.op == "output").args
             if not isinstance(out, (tuple, list)):
                 # compile_fx compiled this piece as returning a tuple and unwrapped it in a wrapper that the saved
                 # entry lacks: re-nest its outputs as the split graph expects
                 fn = wrapped.setdefault(id(fn), _unflattening(fn, pytree.tree_flatten(out)[1]))
-            piece = GraphPiece(fn, name)
-            self.backend.graph_pieces.append(piece)
-            setattr(split, name, piece)
-        self.backend.compiled_pieces = len(set(map(id, self.piece_fns.values())))
+            fns[name] = fn
+        self.backend.install(split, compute, fns)
         self.runnable = split
 
     @classmethod

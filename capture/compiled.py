@@ -58,7 +58,7 @@ def graph_sizes(config: EngineConfig, model_state: ModelState) -> tuple[list[int
         return [], []
     sc = config.scheduler
     full = config.cudagraph_mode == "full_and_piecewise" and config.attention_backend == "triton"
-    return ((model_state.decode_batch_sizes(sc.max_num_seqs) if full else []),
+    return ((model_state.decode_batch_sizes(sc.max_num_seqs, config.cudagraph_capture_sizes) if full else []),
             model_state.token_buckets(sc.max_num_batched_tokens))
 
 

@@ -58,6 +58,7 @@ class CaptureManager:
         self.pool_bytes = 0
         self.capture_seconds = 0.0
         self.piecewise_capture_seconds = 0.0  # the part of capture_seconds spent on piecewise buckets
+        self.full_warmup_seconds = 0.0  # the part spent in the FULL graphs' warm-up steps (before each record)
         self.mode_counts: Counter[StepMode] = Counter()  # steps planned per mode (tests and benchmarks read it)
         self.mixed_steps = 0  # FULL steps that used a mixed graph
 
@@ -147,10 +148,13 @@ class CaptureManager:
                     bodies.forward(inputs, shape)
                 bar(f"piecewise {size} tokens")
             self.piecewise_capture_seconds = time.perf_counter() - start
+            self.full_warmup_seconds = 0.0
             for key in full_keys:
                 num_reqs, num_tokens, splits, mixed = key
                 self.buffers.fill_padding_rows(num_reqs)
+                warm = time.perf_counter()
                 bodies.full_step(*key)  # warm-up
+                self.full_warmup_seconds += time.perf_counter() - warm
                 graph, outputs = cuda_piece._record(bodies.full_step, key, self.pool)
                 self._full[key] = (graph, tuple(weak_alias(o) for o in outputs))
                 bar(f"full {'mixed' if mixed else 'decode'} {num_reqs} x{splits}" + (f" {num_tokens} tokens" * mixed))

@@ -79,12 +79,17 @@ class PiecewiseBackend:
         compiled: dict[str, Callable[..., Any]] = {}
         with fake_mode:
             _PieceCompiler(split, set(compute), compile_piece, compiled, self.reuse).run(*fake_args)
+        self.install(split, compute, compiled)
+        return split
+
+    def install(self, split: fx.GraphModule, compute: list[str], compiled: dict[str, Callable[..., Any]]) -> None:
+        """Put each compute piece's compiled callable into the split graph inside a GraphPiece, listed here for the
+        capture manager (which records graphs per piece); also used by a warm start's loaded compilation."""
         self.compiled_pieces = len(set(map(id, compiled.values())))
         for name in compute:
             piece = GraphPiece(compiled[name], name)
             self.graph_pieces.append(piece)
             setattr(split, name, piece)
-        return split
 
 
 class _PieceCompiler(fx.Interpreter):

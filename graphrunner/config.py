@@ -325,6 +325,9 @@ class EngineConfig:
     # CUDA only, unless enforce_eager: "full_and_piecewise" (FULL graphs for plain uniform decodes, piecewise
     # graphs for other steps), "piecewise" (piecewise graphs only) or "none" (compiled, no graphs)
     cudagraph_mode: str = "full_and_piecewise"
+    # batch sizes of the FULL decode graphs (compilation_config's cudagraph_capture_sizes); None = the model
+    # state's default sizes; sizes over max_num_seqs are not captured
+    cudagraph_capture_sizes: tuple[int, ...] | None = None
     max_logprobs: int = 20  # the most logprobs / prompt_logprobs a request may ask for
     # "auto": sampling defaults from the model's generation_config.json; "vllm": none; else a folder holding one
     generation_config: str = "auto"
@@ -341,6 +344,10 @@ class EngineConfig:
             raise ValueError(f"attention_backend must be 'reference' or 'triton', got {self.attention_backend!r}")
         if self.cudagraph_mode not in CUDAGRAPH_MODES:
             raise ValueError(f"cudagraph_mode must be one of {CUDAGRAPH_MODES}, got {self.cudagraph_mode!r}")
+        sizes = self.cudagraph_capture_sizes
+        if sizes is not None and (not isinstance(sizes, tuple) or not all(
+                isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in sizes)):
+            raise ValueError(f"cudagraph_capture_sizes must be a list of batch sizes (integers >= 1), got {sizes!r}")
         if self.compile_cache is not None and self.enforce_eager:
             raise ValueError("compile_cache and enforce_eager=True contradict each other: pick one")
         if self.attention_backend == "triton" and self.device.type != "cuda" and not os.environ.get("TRITON_INTERPRET"):

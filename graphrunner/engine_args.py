@@ -79,6 +79,17 @@ _CUDAGRAPH_MODES = {"NONE": "none", "PIECEWISE": "piecewise", "FULL_AND_PIECEWIS
                     "FULL": "full_and_piecewise"}
 
 
+def _capture_sizes(value: Any) -> tuple[int, ...] | None:
+    """compilation_config's cudagraph_capture_sizes: a list of FULL decode batch sizes (None: the defaults)."""
+    if value is None:
+        return None
+    if not isinstance(value, (list, tuple)) or not all(
+            isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in value):
+        raise ValueError(f"compilation_config cudagraph_capture_sizes must be a list of batch sizes (integers >= 1), "
+                         f"got {value!r}")
+    return tuple(value)
+
+
 @dataclass
 class EngineArgs:
     """vLLM's engine arguments (the keyword arguments of `LLM(...)`), resolved by `create_engine_config()`.
@@ -180,12 +191,13 @@ class EngineArgs:
         ]
         return [reason for refused, reason in checks if refused]
 
-    def _compilation(self) -> tuple[bool, str]:
-        """(enforce_eager, cudagraph_mode) after vLLM's compilation_config: a level / mode number or a dict."""
+    def _compilation(self) -> tuple[bool, str, tuple[int, ...] | None]:
+        """(enforce_eager, cudagraph_mode, cudagraph_capture_sizes) after vLLM's compilation_config: a level / mode
+        number or a dict."""
         cc = self.compilation_config
         eager, mode = self.enforce_eager, self.cudagraph_mode
         if cc is None:
-            return eager, mode
+            return eager, mode, None
         if isinstance(cc, int) and not isinstance(cc, bool):
             cc = {"level": cc}
         if not isinstance(cc, dict):
@@ -205,7 +217,7 @@ class EngineArgs:
                 raise ValueError(f"compilation_config cudagraph_mode {cc['cudagraph_mode']!r}: expected one of "
                                  f"{sorted(_CUDAGRAPH_MODES)}")
             mode = _CUDAGRAPH_MODES[name]
-        return eager, mode
+        return eager, mode, _capture_sizes(cc.get("cudagraph_capture_sizes"))
 
     def create_engine_config(self) -> EngineConfig:
         refusals = self._refusals()
@@ -224,7 +236,7 @@ class EngineArgs:
         batched = self.max_num_batched_tokens
         if batched is None:
             batched = 8192 if chunked else max(8192, max_len)
-        eager, graph_mode = self._compilation()
+        eager, graph_mode, capture_sizes = self._compilation()
         if not isinstance(self.max_logprobs, int) or self.max_logprobs < 0:
             raise ValueError(f"max_logprobs must be an integer >= 0, got {self.max_logprobs!r}")
         return EngineConfig(
@@ -243,6 +255,7 @@ class EngineArgs:
             attention_backend=self.attention_backend or ("triton" if dev.type == "cuda" else "reference"),
             compile_cache=Path(self.compile_cache) if self.compile_cache is not None else None,
             cudagraph_mode=graph_mode,
+            cudagraph_capture_sizes=capture_sizes,
             max_logprobs=self.max_logprobs,
             generation_config=self.generation_config,
             skip_tokenizer_init=self.skip_tokenizer_init,

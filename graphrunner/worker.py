@@ -182,7 +182,8 @@ def build_runner(config: EngineConfig, model_state: ModelState | None = None) ->
             manager.capture(runner.capture_bodies())
             runner.graphs = manager
             progress(f"captured {manager.num_graphs} graphs in {manager.capture_seconds:.1f} s "
-                     f"({manager.piecewise_capture_seconds:.1f} s of them in {len(manager.token_sizes)} piecewise buckets)")
+                     f"({manager.piecewise_capture_seconds:.1f} s of them in {len(manager.token_sizes)} piecewise buckets, "
+                     f"{manager.full_warmup_seconds:.1f} s in the FULL graphs' warm-up steps)")
     except BaseException:
         if manager is not None:  # graphs holding collectives would keep the group from being left
             manager.retire()

@@ -25,6 +25,9 @@ from graphrunner.step_plan import StepShape
 
 # Largest decode batch captured as a full graph and largest piecewise token bucket by default.
 MAX_CAPTURE_BATCH_SIZE = 512
+# FULL decode batch sizes, (start, step): from 64 rows on a padded row costs a small share of a step that reads
+# all weights anyway, while every size costs a ~60 ms capture at start-up (docs/DECISIONS.md, S1)
+DECODE_SIZE_STEPS = ((8, 8), (64, 16), (128, 32))
 MIXED_BATCH_SIZES = (1, 2, 4, 8)
 # 2, 4 and 8: a step of at most 8 tokens (a prefix-cache hit's short suffix, a chunked prompt's tail) takes a
 # mixed graph of the size the piecewise buckets pad it to, which keeps its linears on the small-M GEMV
@@ -127,11 +130,17 @@ class ModelState(ABC):
         """Tokens per request of the FULL graphs: plain decodes, and with speculation also verify steps."""
         return (1,) if self.num_speculative_tokens == 0 else (1, 1 + self.num_speculative_tokens)
 
-    def decode_batch_sizes(self, max_num_seqs: int) -> list[int]:
-        """Batch sizes captured as full decode graphs: 1, 2, 4, 8, 16, 24, ... (step 8), ending at
-        min(max_num_seqs, MAX_CAPTURE_BATCH_SIZE), which is always included."""
+    def decode_batch_sizes(self, max_num_seqs: int, requested: tuple[int, ...] | None = None) -> list[int]:
+        """Batch sizes captured as full decode graphs, up to min(max_num_seqs, MAX_CAPTURE_BATCH_SIZE): by default
+        1, 2, 4, then steps of 8 to 64, 16 to 128 and 32 beyond (DECODE_SIZE_STEPS), the limit always included;
+        `requested` (compilation_config's cudagraph_capture_sizes) replaces them, sizes over the limit dropped."""
         limit = min(max_num_seqs, MAX_CAPTURE_BATCH_SIZE)
-        sizes = [s for s in [1, 2, 4, *range(8, limit + 1, 8)] if s <= limit]
+        if requested is not None:
+            return sorted({s for s in requested if s <= limit})
+        sizes = [1, 2, 4]
+        for (start, step), end in zip(DECODE_SIZE_STEPS, [*(s for s, _ in DECODE_SIZE_STEPS[1:]), limit]):
+            sizes += range(start, end, step)
+        sizes = [s for s in sizes if s <= limit]
         if sizes[-1] != limit:
             sizes.append(limit)
         return sizes

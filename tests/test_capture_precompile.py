@@ -142,3 +142,10 @@ def test_manifest_records_the_graph_sizes_of_the_config(model_dir: Path) -> None
     assert graph_sizes(dataclasses.replace(cuda, cudagraph_mode="piecewise"), state) == ([], buckets)
     assert graph_sizes(dataclasses.replace(cuda, enforce_eager=True), state) == ([], [])
     assert graph_sizes(dataclasses.replace(cuda, attention_backend="reference"), state)[0] == []
+    # compilation_config's cudagraph_capture_sizes replaces the FULL decode sizes (those over max_num_seqs dropped)
+    # (manifest_for records graph_sizes, so a precompiled directory is checked against them)
+    asked = build_engine_config(model=model_dir, device="cpu", max_model_len=256, max_num_seqs=48,
+                                compilation_config={"cudagraph_capture_sizes": [32, 1, 64, 8, 8]})
+    assert asked.cudagraph_capture_sizes == (32, 1, 64, 8, 8)
+    asked = dataclasses.replace(asked, device=torch.device("cuda"), attention_backend="triton")
+    assert graph_sizes(asked, state) == ([1, 8, 32], buckets)

@@ -316,6 +316,8 @@ def test_huge_top_k_is_off_and_tiny_temperature_is_greedy(llm: LLM, baseline: Ba
         ({"kv_cache_dtype": "fp8"}, "kv_cache_dtype='fp8'"),
         ({"compilation_config": {"cudagraph_mode": "bogus"}}, "cudagraph_mode 'bogus'"),
         ({"compilation_config": "O3"}, "compilation_config must be a level"),
+        ({"compilation_config": {"cudagraph_capture_sizes": [1, 0]}}, "cudagraph_capture_sizes must be a list"),
+        ({"compilation_config": {"cudagraph_capture_sizes": 8}}, "cudagraph_capture_sizes must be a list"),
         ({"enable_chunked_prefill": False, "max_num_batched_tokens": 64},
          r"without chunked prefill max_num_batched_tokens \(64\) must be >= max_model_len \(128\)"),
     ],

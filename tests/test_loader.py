@@ -139,7 +139,9 @@ def test_model_state_defaults(qwen3_dir: Path) -> None:
     assert isinstance(state, ModelState)
     assert state.attention_scale == cfg.head_dim ** -0.5
     assert [state.sliding_window(i) for i in range(cfg.num_layers)] == [None] * cfg.num_layers
-    assert state.decode_batch_sizes(256)[:7] == [1, 2, 4, 8, 16, 24, 32] and state.decode_batch_sizes(256)[-1] == 256
+    assert state.decode_batch_sizes(256) == [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224,
+                                             256]
+    assert state.decode_batch_sizes(100) == [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 100]
     assert state.decode_batch_sizes(20) == [1, 2, 4, 8, 16, 20]
     assert state.decode_batch_sizes(1) == [1]
     buckets = state.token_buckets(3000)  # capped at MAX_TOKEN_BUCKET (2048): larger steps run without graphs

@@ -155,13 +155,14 @@ class TritonSpecialisations:
 
 
 def build_ours(model: str, device: torch.device, max_model_len: int, max_num_seqs: int, enforce_eager: bool,
-               gpu_memory_utilization: float, seed: int = 0, enable_prefix_caching: bool = True) -> Any:
-    """Our engine through its public, vLLM-compatible API."""
+               gpu_memory_utilization: float, seed: int = 0, enable_prefix_caching: bool = True,
+               **engine_args: Any) -> Any:
+    """Our engine through its public, vLLM-compatible API (`engine_args`: further LLM keyword arguments)."""
     from graphrunner import LLM
 
     return LLM(model=model, dtype="auto", seed=seed, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                enforce_eager=enforce_eager, gpu_memory_utilization=gpu_memory_utilization, device=str(device),
-               enable_prefix_caching=enable_prefix_caching)
+               enable_prefix_caching=enable_prefix_caching, **engine_args)
 
 
 def ours_generate(llm: Any, prompts: Sequence[list[int]], max_tokens: int, temperature: float,

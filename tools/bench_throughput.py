@@ -25,6 +25,7 @@ from bench_common import (
     check_lengths,
     load_hf_model,
     ours_generate,
+    parse_int_list,
     random_prompts,
     release,
     reset_compiled_state,
@@ -50,6 +51,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup-requests", type=int, default=4, help="ours: size of the warm-up generate (16 tokens each)")
     p.add_argument("--no-prefix-caching", action="store_true", help="ours: enable_prefix_caching=False")
     p.add_argument("--detokenize", action="store_true", help="ours: detokenize outputs (T1 counts it: BENCHMARKS.md)")
+    p.add_argument("--capture-sizes", type=parse_int_list, default=None,
+                   help="ours: FULL decode batch sizes, e.g. 1,2,4,8 (compilation_config's cudagraph_capture_sizes)")
     p.add_argument("--runs", type=int, default=1, help="ours: timed runs back to back in one process (median kept)")
     p.add_argument("--both-detok", action="store_true",
                    help="ours: alternate runs with and without detokenization (--runs of each)")
@@ -110,7 +113,9 @@ def run_ours(args: argparse.Namespace, prompts: list[list[int]], device: torch.d
         llm = build_ours(args.model, device, max_model_len=args.max_prompt + args.output_len,
                          max_num_seqs=args.max_num_seqs, enforce_eager=args.enforce_eager,
                          gpu_memory_utilization=args.gpu_memory_utilization,
-                         enable_prefix_caching=not args.no_prefix_caching)
+                         enable_prefix_caching=not args.no_prefix_caching,
+                         **({} if args.capture_sizes is None else
+                            {"compilation_config": {"cudagraph_capture_sizes": args.capture_sizes}}))
         warm = prompts[: args.warmup_requests]
         warm_s = timed(lambda: ours_generate(llm, warm, 16, args.temperature), device)
         detok_modes = [True, False] if args.both_detok else [args.detokenize]
