@@ -53,7 +53,7 @@
 # limit so the last phase still ends (and is tarred) inside the device call:
 #   DEADLINE=560 bash tools/gpu_checks.sh tests-a tests-b
 set -u
-[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-pair-table | spec-unroll | spec-why | spec-demo | spec-b64 | spec-b64-host | spec-diag | host-probe | small-mixed | spec16c | spec-cost | spec-table | rej | spec16 | spec16b | gemv | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | final15 | attn-spills | attn-best | p1-rows | bench2 | startup | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-pair-table | spec-unroll | spec-why | spec-demo | spec-b64 | spec-b64-host | spec-diag | host-probe | small-mixed | spec16c | spec-cost | spec-table | rej | spec16 | spec16b | gemv | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | final15 | attn-spills | attn-best | p1-rows | bench2 | sizes-tests | sizes-t1 | startup | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
 OUT=${OUT:-/tmp/out}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 END=$(( $(date +%s) + ${DEADLINE:-100000} ))
@@ -483,6 +483,24 @@ act-pdl)
   done
   GRAPHRUNNER_GEMV_ACT=1 GRAPHRUNNER_PDL=1 GRAPHRUNNER_FUSED_ADD_NORM=1 T 200 python3 tools/bench_throughput.py \
     --model /tmp/q06 --no-peer --penalties both --runs 2 --json "$R/t1_pen.json" > "$R/t1_pen.log" 2>&1
+  ;;
+sizes-tests)
+  # the twenty-third session's capture changes (coarser FULL decode sizes, PiecewiseBackend.install shared with the
+  # saved compilation's rebuild): the GPU capture and precompile tests
+  model
+  T 240 python3 -m pytest -q -p no:cacheprovider -m gpu --durations=5 tests/test_gpu_capture.py \
+    tests/test_capture_precompile.py > "$R/pytest_gpu.log" 2>&1
+  echo "pytest rc=$?" >> "$R/pytest_gpu.log"
+  ;;
+sizes-t1)
+  # T1 at 200 requests, where decode steps run at batch 200: the default sizes pad them to 224, the old step-8
+  # sizes (passed as compilation_config's cudagraph_capture_sizes) do not; new, old, new in turns
+  model
+  OLD=1,2,4$(seq -s, -f ',%g' 8 8 256 | tr -d '\n' | sed 's/,,/,/g')
+  i=0; for v in new old new; do i=$((i + 1))
+    T 110 python3 tools/bench_throughput.py --model /tmp/q06 --no-peer --num-requests 200 --runs 3 \
+      $( [ $v = old ] && echo --capture-sizes "$OLD" ) --json "$R/t1_200_${i}_$v.json" > "$R/t1_200_${i}_$v.log" 2>&1
+  done
   ;;
 quick)
   # after a change of defaults: the GPU engine / capture / precompile tests, then L1/L2, and what imports cost
