@@ -25,9 +25,9 @@ from graphrunner.step_plan import StepShape
 
 # Largest decode batch captured as a full graph and largest piecewise token bucket by default.
 MAX_CAPTURE_BATCH_SIZE = 512
-# FULL decode batch sizes, (start, step): from 64 rows on a padded row costs a small share of a step that reads
-# all weights anyway, while every size costs a ~60 ms capture at start-up (docs/DECISIONS.md, S1)
-DECODE_SIZE_STEPS = ((8, 8), (64, 16), (128, 32))
+# FULL decode batch sizes, (start, step): every size costs ~40 ms of capture at start-up, while each padded row
+# costs ~0.2% of a step at batch ~200 (steps of 32 there cost T1 at 200 requests 3-5%: docs/DECISIONS.md, S1)
+DECODE_SIZE_STEPS = ((8, 8), (64, 16), (256, 32))
 MIXED_BATCH_SIZES = (1, 2, 4, 8)
 # 2, 4 and 8: a step of at most 8 tokens (a prefix-cache hit's short suffix, a chunked prompt's tail) takes a
 # mixed graph of the size the piecewise buckets pad it to, which keeps its linears on the small-M GEMV
@@ -132,7 +132,7 @@ class ModelState(ABC):
 
     def decode_batch_sizes(self, max_num_seqs: int, requested: tuple[int, ...] | None = None) -> list[int]:
         """Batch sizes captured as full decode graphs, up to min(max_num_seqs, MAX_CAPTURE_BATCH_SIZE): by default
-        1, 2, 4, then steps of 8 to 64, 16 to 128 and 32 beyond (DECODE_SIZE_STEPS), the limit always included;
+        1, 2, 4, then steps of 8 to 64, 16 to 256 and 32 beyond (DECODE_SIZE_STEPS), the limit always included;
         `requested` (compilation_config's cudagraph_capture_sizes) replaces them, sizes over the limit dropped."""
         limit = min(max_num_seqs, MAX_CAPTURE_BATCH_SIZE)
         if requested is not None:

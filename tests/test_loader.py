@@ -139,8 +139,9 @@ def test_model_state_defaults(qwen3_dir: Path) -> None:
     assert isinstance(state, ModelState)
     assert state.attention_scale == cfg.head_dim ** -0.5
     assert [state.sliding_window(i) for i in range(cfg.num_layers)] == [None] * cfg.num_layers
-    assert state.decode_batch_sizes(256) == [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224,
-                                             256]
+    assert state.decode_batch_sizes(256) == [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 144, 160, 176,
+                                             192, 208, 224, 240, 256]
+    assert state.decode_batch_sizes(512)[-9:] == [256, 288, 320, 352, 384, 416, 448, 480, 512]
     assert state.decode_batch_sizes(100) == [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 100]
     assert state.decode_batch_sizes(20) == [1, 2, 4, 8, 16, 20]
     assert state.decode_batch_sizes(1) == [1]
