@@ -53,7 +53,7 @@
 # limit so the last phase still ends (and is tarred) inside the device call:
 #   DEADLINE=560 bash tools/gpu_checks.sh tests-a tests-b
 set -u
-[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-pair-table | spec-unroll | spec-why | spec-demo | spec-b64 | spec-b64-host | spec-diag | host-probe | small-mixed | spec16c | spec-cost | spec-table | rej | spec16 | spec16b | gemv | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | final15 | attn-spills | attn-best | p1-rows | bench2 | sizes-tests | sizes-t1 | startup | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-pair-table | spec-unroll | spec-why | spec-demo | spec-b64 | spec-b64-host | spec-diag | host-probe | small-mixed | spec16c | spec-cost | spec-table | rej | spec16 | spec16b | gemv | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | final15 | attn-spills | attn-best | p1-rows | bench2 | sizes-tests | sizes-t1 | l2-table | startup | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
 OUT=${OUT:-/tmp/out}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 END=$(( $(date +%s) + ${DEADLINE:-100000} ))
@@ -500,6 +500,15 @@ sizes-t1)
   i=0; for v in new old new; do i=$((i + 1))
     T 110 python3 tools/bench_throughput.py --model /tmp/q06 --no-peer --num-requests 200 --runs 3 \
       $( [ $v = old ] && echo --capture-sizes "$OLD" ) --json "$R/t1_200_${i}_$v.json" > "$R/t1_200_${i}_$v.log" 2>&1
+  done
+  ;;
+l2-table)
+  # issue 17's L2: the kernel tables of a batch-1 and a batch-8 decode step side by side (where batch 8's extra
+  # ~0.4 ms goes)
+  model
+  for b in 1 8; do
+    T 150 python3 tools/bench_step_breakdown.py --model /tmp/q06 --batch $b --json "$R/step_b$b.json" \
+      --trace /tmp/trace_b$b.json > "$R/step_b$b.log" 2>&1
   done
   ;;
 quick)
