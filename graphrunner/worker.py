@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from capture.aot import AOTCompiledModel
 from capture.compiled import compile_draft, graph_sizes, mixed_graph_sizes, prepare_compiled_model
 from capture.manager import CaptureManager
 from graphrunner.config import EngineConfig, ModelConfig
@@ -139,6 +140,8 @@ def build_runner(config: EngineConfig, model_state: ModelState | None = None) ->
     backend = None
     if config.compile_cache is not None or compile_on_gpu:
         model, backend = prepare_compiled_model(model, config, model_state)
+        progress("loaded the saved compilation" if isinstance(model, AOTCompiledModel)
+                 else "set up the compiler (the model is traced at its first step)")
     sc, bs = config.scheduler, config.cache.block_size
     state = StateTable(sc.max_num_seqs, sc.max_model_len, blocks_needed(sc.max_model_len, bs), config.device,
                        config.use_triton, config.model.vocab_size)  # penalty statistics: docs/DECISIONS.md
