@@ -128,7 +128,7 @@ def test_aot_key_follows_code_switches_but_not_logging(monkeypatch: pytest.Monke
 
 
 def test_manifest_records_the_graph_sizes_of_the_config(model_dir: Path) -> None:
-    from capture.compiled import graph_sizes, manifest_for
+    from capture.compiled import graph_sizes, manifest_for, mixed_graph_sizes
     from graphrunner.engine_args import build_engine_config
     from graphrunner.worker import build_model_state
 
@@ -149,3 +149,6 @@ def test_manifest_records_the_graph_sizes_of_the_config(model_dir: Path) -> None
     assert asked.cudagraph_capture_sizes == (32, 1, 64, 8, 8)
     asked = dataclasses.replace(asked, device=torch.device("cuda"), attention_backend="triton")
     assert graph_sizes(asked, state) == ([1, 8, 32], buckets)
+    # an empty list: no FULL graphs at all (mixed ones included), piecewise graphs as before
+    none = dataclasses.replace(asked, cudagraph_capture_sizes=())
+    assert graph_sizes(none, state) == ([], buckets) and mixed_graph_sizes(none, state) == []
