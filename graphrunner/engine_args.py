@@ -79,15 +79,10 @@ _CUDAGRAPH_MODES = {"NONE": "none", "PIECEWISE": "piecewise", "FULL_AND_PIECEWIS
                     "FULL": "full_and_piecewise"}
 
 
-def _capture_sizes(value: Any) -> tuple[int, ...] | None:
-    """compilation_config's cudagraph_capture_sizes: a list of FULL decode batch sizes (None: the defaults)."""
-    if value is None:
-        return None
-    if not isinstance(value, (list, tuple)) or not all(
-            isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in value):
-        raise ValueError(f"compilation_config cudagraph_capture_sizes must be a list of batch sizes (integers >= 1), "
-                         f"got {value!r}")
-    return tuple(value)
+def _capture_sizes(value: Any) -> Any:
+    """compilation_config's cudagraph_capture_sizes as EngineConfig holds them (a list becomes a tuple; EngineConfig
+    validates them)."""
+    return tuple(value) if isinstance(value, list) else value
 
 
 @dataclass
