@@ -62,6 +62,9 @@ DOT_DTYPES = [torch.float16] if DEVICE == "cpu" else [torch.float16, torch.bfloa
     (2, 37, 50, GemvConfig(16, 16, 1, use_dot=True)),
     (8, 70, 1030, GemvConfig(32, 64, 4, use_dot=True)),  # split-K, last split short
     (5, 100, 300, GemvConfig(16, 128, 1, num_warps=8, use_dot=True)),
+    (3, 37, 50, GemvConfig(16, 16, 1, use_dot=True, swap_ab=True)),  # the weight tile as the MMA's A operand
+    (8, 70, 1030, GemvConfig(64, 128, 3, use_dot=True, swap_ab=True)),  # one N tile, short last split
+    (1, 130, 96, GemvConfig(32, 128, 1, num_stages=2, use_dot=True, swap_ab=True)),  # BLOCK_K past K
 ])
 @pytest.mark.parametrize("bias", [False, True])
 def test_dot_path_matches_reference(m: int, n: int, k: int, config: GemvConfig, bias: bool) -> None:
@@ -71,7 +74,8 @@ def test_dot_path_matches_reference(m: int, n: int, k: int, config: GemvConfig, 
 
 
 @pytest.mark.parametrize("config", [GemvConfig(4, 64, 1), GemvConfig(8, 32, 3), GemvConfig(1, 128, 2),
-                                    GemvConfig(16, 64, 2, use_dot=True)])
+                                    GemvConfig(16, 64, 2, use_dot=True),
+                                    GemvConfig(32, 64, 2, use_dot=True, swap_ab=True)])
 def test_rows_bit_equal_whatever_m(config: GemvConfig) -> None:
     """Row i of an M-row call equals the same row alone or in any other M (what keeps graphs == eager when a
     step is padded from M to the next captured size)."""
@@ -136,6 +140,8 @@ def test_bad_input_raises_value_error() -> None:
         GemvConfig(16, 64, 1, max_m=3)
     with pytest.raises(ValueError, match="tl.dot config needs block_n"):
         GemvConfig(8, 64, 1, use_dot=True)
+    with pytest.raises(ValueError, match="swap_ab .* needs use_dot"):
+        GemvConfig(16, 64, 1, swap_ab=True)
 
 
 @pytest.mark.parametrize(("n", "k"), [(1024, 2048), (4096, 1024), (6144, 1024), (1024, 3072), (151_936, 1024), (5, 7)])
@@ -224,7 +230,7 @@ def test_gpu_split_k_under_load_and_batch_invariant() -> None:
     reference, and each row equals itself computed alone."""
     x, w, b = _data(8, 4096, 3072, torch.bfloat16, seed=8, bias=True)
     for cfg in (GemvConfig(16, 128, 8), GemvConfig(4, 512, 2), GemvConfig(2, 1024, 1, num_warps=8),
-                GemvConfig(32, 256, 2, use_dot=True)):
+                GemvConfig(32, 256, 2, use_dot=True), GemvConfig(64, 512, 4, use_dot=True, swap_ab=True)):
         expected = gemv_triton(x, w, b, cfg)
         torch.testing.assert_close(expected, gemv_ref(x, w, b), **TOL[torch.bfloat16])
         for _ in range(100):
@@ -268,6 +274,7 @@ NORM_CASES = [  # m, n, k, config
     (3, 30, 300, GemvConfig(2, 128, 2)),  # split-K: every split computes the whole row's statistics
     (8, 33, 1030, GemvConfig(8, 256, 1, num_warps=8)),
     (5, 64, 200, GemvConfig(16, 64, 2, use_dot=True)),
+    (6, 40, 200, GemvConfig(16, 64, 2, use_dot=True, swap_ab=True)),
 ]
 
 

@@ -161,13 +161,19 @@ def _sweep_configs(n: int, k: int, sms: int) -> list[GemvConfig]:
 
 
 def _sweep_dot_configs(n: int, k: int, sms: int) -> list[GemvConfig]:
-    """Tensor-core launch shapes (x padded to 16 rows) worth timing: N tiles of 16-64, K steps of 64-512."""
+    """Tensor-core launch shapes (x padded to 16 rows) worth timing, in both orientations (x or the weight tile as
+    the MMA's A operand): N tiles of 16-128, K steps of 128-1024, split K up to 8, pipelines of 1-3 stages, at
+    least one program per two SMs."""
     kp = triton.next_power_of_2(k)
     out = []
-    for bn, bk, split, warps in itertools.product((16, 32, 64), (64, 128, 256, 512), (1, 2, 4), (4, 8)):
-        if bk > kp or split * bk > kp or triton.cdiv(n, bn) * split < sms or bn * bk // (32 * warps) > 128:
+    for swap, bn, bk, split, warps in itertools.product((False, True), (16, 32, 64, 128), (128, 256, 512, 1024),
+                                                        (1, 2, 4, 8), (4, 8)):
+        if bk > kp or split * bk > kp or 2 * triton.cdiv(n, bn) * split < sms or (bn + 16) * bk // (32 * warps) > 192:
             continue
-        out.append(GemvConfig(bn, bk, split, num_warps=warps, num_stages=3, use_dot=True))
+        if (bn > 64 and not swap) or (warps == 8 and bn * bk < 16384):
+            continue
+        for stages in (1, 2, 3) if kp // (split * bk) >= 2 else (1,):
+            out.append(GemvConfig(bn, bk, split, num_warps=warps, num_stages=stages, use_dot=True, swap_ab=swap))
     return out
 
 
@@ -205,11 +211,23 @@ def _gemv_us(x: torch.Tensor, weights: list[torch.Tensor], cfg: GemvConfig, devi
         return float("inf")
 
 
+def write_tuned(path: Path, rows: list[dict]) -> None:
+    """Merge the swept rows' best configs into the tuned-table file at path (runs over different shapes add up)."""
+    table = {(e["N"], e["K"]): e for e in (json.loads(path.read_text()) if path.exists() else [])}
+    for r in rows:
+        if "best_configs" in r:
+            table[(r["N"], r["K"])] = {"N": r["N"], "K": r["K"], "configs": r["best_configs"],  # []: cuBLAS
+                                       "gemv_us": r["best_us"], "cublas_us": r["torch_us"]}
+    path.write_text(json.dumps(sorted(table.values(), key=lambda e: (e["N"], e["K"])), indent=1))
+    print(f"{len(table)} tuned GEMV shapes in {path}", flush=True)
+
+
 def bench_gemv(shapes: dict[str, tuple[int, int]], ms: list[int], device: torch.device, reps: int,
-               sweep: bool, loop_from_table: bool = False) -> list[dict]:
+               sweep: bool, loop_from_table: bool = False, tuned_out: Path | None = None) -> list[dict]:
     """Per shape: cuBLAS and the GEMV (the tuned config serving each M, else the heuristic) at each M; with
     `sweep`, every row-loop candidate at the smallest M and every tensor-core candidate at the largest, the best
-    of each at every M, and the plan (which serves which M) with the least total time: `best_configs`."""
+    of each at every M, and the plan (which serves which M) with the least total time: `best_configs`, written to
+    tuned_out after each shape (a sweep cut short keeps what it finished)."""
     rows = []
     sms = _num_sms(device)
     for name, (n, k) in shapes.items():
@@ -244,6 +262,8 @@ def bench_gemv(shapes: dict[str, tuple[int, int]], ms: list[int], device: torch.
             print(f"  plan: row loop M <= {s}, tensor cores up to {d}; " + " ".join(
                 f"M={m}: {row['best_us'][m]:.1f} vs cuBLAS {row['torch_us'][m]:.1f} us" for m in ms), flush=True)
         rows.append(row)
+        if sweep and tuned_out is not None:
+            write_tuned(tuned_out, [row])
         del weights
     return rows
 
@@ -278,15 +298,7 @@ def main() -> None:
         result["sampler"] = bench_sampler(batch_sizes, vocab, device, args.reps)
     if args.only in (None, "gemv"):
         result["gemv"] = bench_gemv(shapes, bench_common.parse_int_list(args.ms), device, args.reps, args.sweep,
-                                    args.loop_from_table)
-    if args.tuned_out and args.sweep:
-        out = Path(args.tuned_out)
-        table = {(e["N"], e["K"]): e for e in (json.loads(out.read_text()) if out.exists() else [])}
-        for r in result.get("gemv", []):  # merged into the file's entries: runs over different shapes add up
-            table[(r["N"], r["K"])] = {"N": r["N"], "K": r["K"], "configs": r["best_configs"],  # []: cuBLAS
-                                       "gemv_us": r["best_us"], "cublas_us": r["torch_us"]}
-        out.write_text(json.dumps(sorted(table.values(), key=lambda e: (e["N"], e["K"])), indent=1))
-        print(f"{len(table)} tuned GEMV shapes in {out}")
+                                    args.loop_from_table, Path(args.tuned_out) if args.tuned_out else None)
     Path(args.json).write_text(json.dumps(result, indent=1))
     print(f"wrote {args.json}")
 

@@ -54,6 +54,10 @@ class GemvConfig:
     # tensor cores: x padded to 16 rows, one tl.dot per weight tile (rows still independent of M, since the
     # instruction shape and the K order are fixed); for the counts past a row-loop config's max_m
     use_dot: bool = False
+    # with use_dot: the weight tile is the MMA's A operand (out^T [BLOCK_N, 16] = W x^T), the usual small-M
+    # ("swap AB") orientation: the 16-row minimum of the instruction falls on N, and x's 16 padded rows are its
+    # narrow operand
+    swap_ab: bool = False
 
     def __post_init__(self) -> None:
         if self.block_n < 1 or self.block_n & (self.block_n - 1):
@@ -68,6 +72,8 @@ class GemvConfig:
             raise ValueError(f"max_m must be 1, 2, 4 or 8, got {self.max_m}")
         if self.use_dot and self.block_n < 16:
             raise ValueError(f"a tl.dot config needs block_n >= 16, got {self.block_n}")
+        if self.swap_ab and not self.use_dot:
+            raise ValueError("swap_ab is an orientation of the tensor-core path: it needs use_dot")
 
 
 def load_tuned_configs(path: Path | str) -> dict[tuple[int, int], tuple[GemvConfig, ...]]:
@@ -126,9 +132,10 @@ def default_config(n: int, k: int, device: torch.device) -> GemvConfig:
 
 @triton.jit
 def _gemv_step(acc, w, k0, k_end, K, x_ptr, x_rows, norm_ptr, inv, M, stride_xm, rows, M_PAD: tl.constexpr,
-               BLOCK_K: tl.constexpr, USE_DOT: tl.constexpr, NORM: tl.constexpr, ACT: tl.constexpr):
+               BLOCK_K: tl.constexpr, USE_DOT: tl.constexpr, NORM: tl.constexpr, ACT: tl.constexpr,
+               SWAP_AB: tl.constexpr):
     """acc [M_PAD, BLOCK_N] += x[:, k0:k0 + BLOCK_K] (normalised with NORM; with ACT, silu(x[:, k]) * x[:, K + k])
-    @ w^T for the loaded tile w [BN, BK]."""
+    @ w^T for the loaded tile w [BN, BK]; with SWAP_AB, acc [BLOCK_N, M_PAD] += w @ x^T."""
     offs_k = k0 + tl.arange(0, BLOCK_K)
     k_mask = offs_k < k_end
     if NORM:
@@ -141,7 +148,10 @@ def _gemv_step(acc, w, k0, k_end, K, x_ptr, x_rows, norm_ptr, inv, M, stride_xm,
             x = normed_tile(x, inv[:, None], norm_w[None, :])
         if ACT:
             x = silu_mul(x, tl.load(x_rows + K + offs_k[None, :], mask=k_mask[None, :], other=0.0))
-        acc = tl.dot(x, tl.trans(w), acc)
+        if SWAP_AB:
+            acc = tl.dot(w, tl.trans(x), acc)
+        else:
+            acc = tl.dot(x, tl.trans(w), acc)
     else:
         wf = w.to(tl.float32)
         # One x row at a time through the same [BLOCK_N, BLOCK_K] reduction: row m's sums do not see M_PAD.
@@ -183,6 +193,7 @@ def _gemv_kernel(
     USE_DOT: tl.constexpr,
     NORM: tl.constexpr,
     ACT: tl.constexpr,  # x holds [gate, up]: the kernel's input is silu(gate) * up (models.activation)
+    SWAP_AB: tl.constexpr,  # (USE_DOT) the weight tile is the MMA's A operand: the accumulator is out^T
     PDL: tl.constexpr,  # launched with programmatic dependent launch (graphrunner.pdl)
 ):
     pid_n = tl.program_id(0)
@@ -218,17 +229,22 @@ def _gemv_kernel(
                                  other=0.0).to(tl.float32)
                     ss = tl.where(rows == m, ss + tl.sum(xk * xk, axis=0), ss)
         inv = tl.rsqrt(ss / K + eps)
-    acc = tl.zeros((M_PAD, BLOCK_N), dtype=tl.float32)
+    if SWAP_AB:
+        acc = tl.zeros((BLOCK_N, M_PAD), dtype=tl.float32)
+    else:
+        acc = tl.zeros((M_PAD, BLOCK_N), dtype=tl.float32)
     loop_start = k_start
     if PDL and not USE_DOT:  # (without PDL the loop is the one measured on the H200, untouched)
         acc = _gemv_step(acc, w_first, k_start, k_end, K, x_ptr, x_rows, norm_ptr, inv, M, stride_xm, rows,
-                         M_PAD, BLOCK_K, USE_DOT, NORM, ACT)
+                         M_PAD, BLOCK_K, USE_DOT, NORM, ACT, SWAP_AB)
         loop_start = k_start + BLOCK_K
     for k0 in range(loop_start, k_end, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         w = tl.load(w_rows + offs_k[None, :], mask=n_mask[:, None] & (offs_k < k_end)[None, :], other=0.0)
         acc = _gemv_step(acc, w, k0, k_end, K, x_ptr, x_rows, norm_ptr, inv, M, stride_xm, rows,
-                         M_PAD, BLOCK_K, USE_DOT, NORM, ACT)
+                         M_PAD, BLOCK_K, USE_DOT, NORM, ACT, SWAP_AB)
+    if SWAP_AB:
+        acc = tl.trans(acc)  # [M_PAD, BLOCK_N], as the epilogue stores it
     mask = (rows < M)[:, None] & n_mask[None, :]
     out = out_ptr + rows[:, None].to(tl.int64) * stride_om + offs_n[None, :]
     if not SPLIT:
@@ -323,7 +339,7 @@ def gemv_triton(x: Tensor, weight: Tensor, bias: Tensor | None, config: GemvConf
         m, n, k, x.stride(0), weight.stride(0), out.stride(0), k_per_split, split_k,
         float(norm[1]) if norm is not None else 0.0, M_PAD=16 if cfg.use_dot else triton.next_power_of_2(m),
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT=split_k > 1, HAS_BIAS=bias is not None, USE_DOT=cfg.use_dot,
-        NORM=norm is not None, ACT=silu_mul, PDL=pdl,
+        NORM=norm is not None, ACT=silu_mul, SWAP_AB=cfg.swap_ab, PDL=pdl,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl,
     )
     return out
