@@ -21,6 +21,7 @@
 #   bash tools/gpu_checks.sh gemv       # the GEMV kernel tests on CUDA, then its launch-shape sweep vs cuBLAS per
 #                                       # 0.6B layer shape (the tuned table: $OUT/gemv/gemv_configs.json)
 #   bash tools/gpu_checks.sh gemv-swap  # tensor-core GEMV both orientations: CUDA tests, sweep, L1/L2 swept vs shipped
+#   bash tools/gpu_checks.sh gemv-pf    # GRAPHRUNNER_GEMV_PREFETCH=1: CUDA tests, sweep, L1/L2 with it vs without
 #   bash tools/gpu_checks.sh l1-ab      # GEMV engine tests, then L1/L2: cuBLAS + old attention splits, cuBLAS + new,
 #                                       # GEMV (GEMV_TABLE, default the committed table) + new; kernel table
 #                                       # (L1_RUNS picks among base attn gemv fused norm both combo cdt pdl fold autotune;
@@ -54,7 +55,7 @@
 # limit so the last phase still ends (and is tarred) inside the device call:
 #   DEADLINE=560 bash tools/gpu_checks.sh tests-a tests-b
 set -u
-[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-pair-table | spec-unroll | spec-why | spec-demo | spec-b64 | spec-b64-host | spec-diag | host-probe | small-mixed | spec16c | spec-cost | spec-table | rej | spec16 | spec16b | gemv | gemv-swap | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | final15 | attn-spills | attn-best | p1-rows | bench2 | sizes-tests | sizes-t1 | l2-table | startup | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-pair-table | spec-unroll | spec-why | spec-demo | spec-b64 | spec-b64-host | spec-diag | host-probe | small-mixed | spec16c | spec-cost | spec-table | rej | spec16 | spec16b | gemv | gemv-swap | gemv-pf | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | final15 | attn-spills | attn-best | p1-rows | bench2 | sizes-tests | sizes-t1 | l2-table | startup | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
 OUT=${OUT:-/tmp/out}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 END=$(( $(date +%s) + ${DEADLINE:-100000} ))
@@ -406,6 +407,23 @@ gemv-swap)
   wait
   GRAPHRUNNER_GEMV_CONFIGS=/tmp/gemv_configs.json lat swept
   lat shipped
+  ;;
+gemv-pf)
+  # GRAPHRUNNER_GEMV_PREFETCH=1 (each GEMV program asks L2 for its weight slice before its PDL wait): the GEMV tests
+  # on CUDA with it, the tensor-core sweep with it (row loop from the table), then L1/L2 with it and the swept
+  # table, the shipped table with it, and the shipped defaults
+  model &
+  GRAPHRUNNER_GEMV_PREFETCH=1 T 150 python3 -m pytest -q -p no:cacheprovider tests/test_gemv.py \
+    > "$R/pytest_gemv.log" 2>&1
+  echo "pytest rc=$?" >> "$R/pytest_gemv.log"
+  GRAPHRUNNER_GEMV_PREFETCH=1 T "${SWEEP_LIMIT:-300}" python3 tools/bench_kernels.py --only gemv --sweep \
+    --loop-from-table --shapes "${GEMV_SHAPES:-qkv,o 2048,gate_up,down}" --ms 1,2,3,4,5,8 \
+    --tuned-out "$R/gemv_configs.json" --json "$R/bench_gemv.json" > "$R/bench_gemv.log" 2>&1
+  cp "$R/gemv_configs.json" /tmp/gemv_configs_pf.json
+  wait
+  GRAPHRUNNER_GEMV_PREFETCH=1 GRAPHRUNNER_GEMV_CONFIGS=/tmp/gemv_configs_pf.json lat pf
+  lat shipped
+  GRAPHRUNNER_GEMV_PREFETCH=1 lat pf-shipped
   ;;
 l1-ab|l1-runs)
   # l1-runs: only the L1/L2 runs named in L1_RUNS (no engine tests, no kernel table)

@@ -39,6 +39,9 @@ NORM_PROLOGUE = env_choice("GRAPHRUNNER_GEMV_NORM", ("0", "1"), "0") == "1"
 # GRAPHRUNNER_GEMV_ACT=1: the MLP's silu(gate) * up runs in the down projection's GEMV prologue
 # (models.linear.silu_mul_linear); on by default, measured on the H200 (docs/DECISIONS.md)
 ACT_PROLOGUE = env_choice("GRAPHRUNNER_GEMV_ACT", ("0", "1"), "1") == "1"
+# GRAPHRUNNER_GEMV_PREFETCH=1: with PDL, each program asks L2 for its whole weight slice before waiting for the kernel
+# before it, so the weights stream while that kernel finishes (the row loop's first-tile load, for every config)
+PREFETCH = env_choice("GRAPHRUNNER_GEMV_PREFETCH", ("0", "1"), "0") == "1"
 
 
 @dataclass(frozen=True)
@@ -168,6 +171,17 @@ def _gemv_step(acc, w, k0, k_end, K, x_ptr, x_rows, norm_ptr, inv, M, stride_xm,
 
 
 @triton.jit
+def _prefetch_l2(w_pf, k_start, k_end, BLOCK_K: tl.constexpr):
+    """Ask L2 for columns [k_start, k_end) of the weight rows w_pf [BLOCK_N, 1] (valid rows: a hint must not name
+    memory outside the tensor): one prefetch per 64 two-byte elements, a 128-byte line."""
+    LINES: tl.constexpr = BLOCK_K // 64
+    for k0 in range(k_start, k_end, BLOCK_K):
+        offs = tl.minimum(k0 + tl.arange(0, LINES) * 64, k_end - 1)
+        tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l", [w_pf + offs[None, :]], dtype=tl.int32,
+                                  is_pure=False, pack=1)
+
+
+@triton.jit
 def _gemv_kernel(
     x_ptr,  # [M, K] bf16/fp16, unit stride along K ([M, 2K] with ACT: gate, then up)
     w_ptr,  # [N, K] bf16/fp16, unit stride along K
@@ -194,6 +208,7 @@ def _gemv_kernel(
     NORM: tl.constexpr,
     ACT: tl.constexpr,  # x holds [gate, up]: the kernel's input is silu(gate) * up (models.activation)
     SWAP_AB: tl.constexpr,  # (USE_DOT) the weight tile is the MMA's A operand: the accumulator is out^T
+    PREFETCH: tl.constexpr,  # (PDL, BLOCK_K >= 64) the program's weight slice is asked of L2 before the wait
     PDL: tl.constexpr,  # launched with programmatic dependent launch (graphrunner.pdl)
 ):
     pid_n = tl.program_id(0)
@@ -212,6 +227,8 @@ def _gemv_kernel(
     if PDL and not USE_DOT:  # (constexprs: resolved at compile time)
         first_k = k_start + tl.arange(0, BLOCK_K)
         w_first = tl.load(w_rows + first_k[None, :], mask=n_mask[:, None] & (first_k < k_end)[None, :], other=0.0)
+    if PREFETCH:
+        _prefetch_l2(w_ptr + tl.minimum(offs_n, N - 1)[:, None].to(tl.int64) * stride_wn, k_start, k_end, BLOCK_K)
     if PDL:
         pdl_launch_dependents()
         pdl_wait()
@@ -339,7 +356,8 @@ def gemv_triton(x: Tensor, weight: Tensor, bias: Tensor | None, config: GemvConf
         m, n, k, x.stride(0), weight.stride(0), out.stride(0), k_per_split, split_k,
         float(norm[1]) if norm is not None else 0.0, M_PAD=16 if cfg.use_dot else triton.next_power_of_2(m),
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT=split_k > 1, HAS_BIAS=bias is not None, USE_DOT=cfg.use_dot,
-        NORM=norm is not None, ACT=silu_mul, SWAP_AB=cfg.swap_ab, PDL=pdl,
+        NORM=norm is not None, ACT=silu_mul, SWAP_AB=cfg.swap_ab,
+        PREFETCH=pdl and PREFETCH and cfg.block_k >= 64, PDL=pdl,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl,
     )
     return out
