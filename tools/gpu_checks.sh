@@ -21,7 +21,7 @@
 #   bash tools/gpu_checks.sh gemv       # the GEMV kernel tests on CUDA, then its launch-shape sweep vs cuBLAS per
 #                                       # 0.6B layer shape (the tuned table: $OUT/gemv/gemv_configs.json)
 #   bash tools/gpu_checks.sh gemv-swap  # tensor-core GEMV both orientations: CUDA tests, sweep, L1/L2 swept vs shipped
-#   bash tools/gpu_checks.sh gemv-pf    # GRAPHRUNNER_GEMV_PREFETCH=1: CUDA tests, sweep, L1/L2 with it vs without
+#   bash tools/gpu_checks.sh gemv-pf    # GEMV_PREFETCH=1 / GEMV_GATED_ACT=1: CUDA tests, sweep, L1/L2 A/B
 #   bash tools/gpu_checks.sh gemv-engine # GPU engine/capture/verify tests under GEMV_ENV, then the k = 4 verify step
 #   bash tools/gpu_checks.sh l1-ab      # GEMV engine tests, then L1/L2: cuBLAS + old attention splits, cuBLAS + new,
 #                                       # GEMV (GEMV_TABLE, default the committed table) + new; kernel table
@@ -410,21 +410,24 @@ gemv-swap)
   lat shipped
   ;;
 gemv-pf)
-  # GRAPHRUNNER_GEMV_PREFETCH=1 (each GEMV program asks L2 for its weight slice before its PDL wait): the GEMV tests
-  # on CUDA with it, the tensor-core sweep with it (row loop from the table), then L1/L2 with it and the swept
-  # table, the shipped table with it, and the shipped defaults
+  # GRAPHRUNNER_GEMV_PREFETCH=1 (each GEMV program asks L2 for its weight slice before its PDL wait) and
+  # GRAPHRUNNER_GEMV_GATED_ACT=1 (the MLP as one op, silu(gate) * up in the gate-up kernel's epilogue): the GEMV and
+  # gate-up kernel tests on CUDA with prefetch, the tensor-core sweep with it (row loop from the table), then L1/L2:
+  # shipped, prefetch + its swept table, gated, both, shipped again (host drift)
   model &
   GRAPHRUNNER_GEMV_PREFETCH=1 T 150 python3 -m pytest -q -p no:cacheprovider tests/test_gemv.py \
-    > "$R/pytest_gemv.log" 2>&1
+    tests/test_gate_up_act.py > "$R/pytest_gemv.log" 2>&1
   echo "pytest rc=$?" >> "$R/pytest_gemv.log"
-  GRAPHRUNNER_GEMV_PREFETCH=1 T "${SWEEP_LIMIT:-300}" python3 tools/bench_kernels.py --only gemv --sweep \
+  GRAPHRUNNER_GEMV_PREFETCH=1 T "${SWEEP_LIMIT:-200}" python3 tools/bench_kernels.py --only gemv --sweep \
     --loop-from-table --shapes "${GEMV_SHAPES:-qkv,o 2048,gate_up,down}" --ms 1,2,3,4,5,8 \
     --tuned-out "$R/gemv_configs.json" --json "$R/bench_gemv.json" > "$R/bench_gemv.log" 2>&1
   cp "$R/gemv_configs.json" /tmp/gemv_configs_pf.json
   wait
-  GRAPHRUNNER_GEMV_PREFETCH=1 GRAPHRUNNER_GEMV_CONFIGS=/tmp/gemv_configs_pf.json lat pf
   lat shipped
-  GRAPHRUNNER_GEMV_PREFETCH=1 lat pf-shipped
+  GRAPHRUNNER_GEMV_PREFETCH=1 GRAPHRUNNER_GEMV_CONFIGS=/tmp/gemv_configs_pf.json lat pf
+  GRAPHRUNNER_GEMV_GATED_ACT=1 lat gated
+  GRAPHRUNNER_GEMV_PREFETCH=1 GRAPHRUNNER_GEMV_GATED_ACT=1 GRAPHRUNNER_GEMV_CONFIGS=/tmp/gemv_configs_pf.json lat pf-gated
+  lat shipped2
   ;;
 gemv-engine)
   # a new GEMV table or switch in the engine (GEMV_ENV, e.g. GRAPHRUNNER_GEMV_PREFETCH=1): GPU engine tests (HF

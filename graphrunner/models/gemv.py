@@ -171,7 +171,7 @@ def _gemv_step(acc, w, k0, k_end, K, x_ptr, x_rows, norm_ptr, inv, M, stride_xm,
 
 
 @triton.jit
-def _prefetch_l2(w_pf, k_start, k_end, BLOCK_K: tl.constexpr):
+def prefetch_l2(w_pf, k_start, k_end, BLOCK_K: tl.constexpr):
     """Ask L2 for columns [k_start, k_end) of the weight rows w_pf [BLOCK_N, 1] (valid rows: a hint must not name
     memory outside the tensor): one prefetch per 64 two-byte elements, a 128-byte line."""
     LINES: tl.constexpr = BLOCK_K // 64
@@ -228,7 +228,7 @@ def _gemv_kernel(
         first_k = k_start + tl.arange(0, BLOCK_K)
         w_first = tl.load(w_rows + first_k[None, :], mask=n_mask[:, None] & (first_k < k_end)[None, :], other=0.0)
     if PREFETCH:
-        _prefetch_l2(w_ptr + tl.minimum(offs_n, N - 1)[:, None].to(tl.int64) * stride_wn, k_start, k_end, BLOCK_K)
+        prefetch_l2(w_ptr + tl.minimum(offs_n, N - 1)[:, None].to(tl.int64) * stride_wn, k_start, k_end, BLOCK_K)
     if PDL:
         pdl_launch_dependents()
         pdl_wait()

@@ -6,6 +6,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from graphrunner.models import gate_up_act, gemv
+from graphrunner.models.gemv import routes_to_gemv
 from graphrunner.models.norm import RMSNorm
 from graphrunner.models.parallel_linear import RowParallelLinear, ShardedMergedLinear
 from graphrunner.parallel_state import shard_range
@@ -24,5 +26,18 @@ class GatedMLP(nn.Module):
     def forward(self, x: torch.Tensor, norm: RMSNorm | None = None) -> torch.Tensor:
         """x [T, hidden] -> [T, hidden]; `norm`: the layer's post-attention norm, applied here (models.linear.
         norm_linear may fold it into gate_up)."""
+        if self._one_op(x, norm):
+            gate_up, down = self.gate_up_proj, self.down_proj
+            h = x if norm is None else norm(x)
+            bias = down.bias if down.world == 1 else None  # (with TP it is added once, after the all-reduce)
+            out = torch.ops.graphrunner.small_m_gated_mlp(h, gate_up.weight, gate_up.bias, down.weight, bias)
+            return out if down.world == 1 else down.reduce(out)
         gate_up = self.gate_up_proj(x) if norm is None else self.gate_up_proj.forward_normed(x, norm)  # [T, 2I]
         return self.down_proj.forward_gated(gate_up)  # (models.linear.silu_mul_linear may fold the activation in)
+
+    def _one_op(self, x: torch.Tensor, norm: RMSNorm | None) -> bool:
+        """Whether the MLP runs as `graphrunner::small_m_gated_mlp` (GRAPHRUNNER_GEMV_GATED_ACT=1, both weights
+        GEMV-routed, and no norm to fold into the gate-up GEMV's prologue): decided at trace time."""
+        w = self.gate_up_proj.weight
+        return (gate_up_act.ENABLED and gemv.ACT_PROLOGUE and not (norm is not None and gemv.NORM_PROLOGUE)
+                and x.dim() == 2 and x.dtype == w.dtype and routes_to_gemv(w) and routes_to_gemv(self.down_proj.weight))

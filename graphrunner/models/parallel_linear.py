@@ -56,15 +56,15 @@ class RowParallelLinear(Linear):
         """x [T, in / world] -> [T, out], the full sum on every rank."""
         if self.world == 1:
             return super().forward(x)
-        return self._reduce(linear(x, self.weight))
+        return self.reduce(linear(x, self.weight))
 
     def forward_gated(self, gate_up: torch.Tensor) -> torch.Tensor:
         """self(silu(gate) * up) for gate_up [T, 2 * in / world] (this rank's gate and up slices)."""
         if self.world == 1:
             return super().forward_gated(gate_up)
-        return self._reduce(silu_mul_linear(gate_up, self.weight))
+        return self.reduce(silu_mul_linear(gate_up, self.weight))
 
-    def _reduce(self, partial: torch.Tensor) -> torch.Tensor:
+    def reduce(self, partial: torch.Tensor) -> torch.Tensor:
         """The ranks' partial products summed, then the bias added once."""
         out = tp_all_reduce(partial)
         return out if self.bias is None else out + self.bias
