@@ -23,6 +23,7 @@
 #   bash tools/gpu_checks.sh gemv-swap  # tensor-core GEMV both orientations: CUDA tests, sweep, L1/L2 swept vs shipped
 #   bash tools/gpu_checks.sh gemv-pf    # GEMV_PREFETCH=1 / GEMV_GATED_ACT=1: CUDA tests, sweep, L1/L2 A/B
 #   bash tools/gpu_checks.sh gemv-engine # GPU engine/capture/verify tests under GEMV_ENV, then the k = 4 verify step
+#   bash tools/gpu_checks.sh final24    # kernels with prefetch on CUDA, L1/L2 A/B, GPU engine tests (one call)
 #   bash tools/gpu_checks.sh l1-ab      # GEMV engine tests, then L1/L2: cuBLAS + old attention splits, cuBLAS + new,
 #                                       # GEMV (GEMV_TABLE, default the committed table) + new; kernel table
 #                                       # (L1_RUNS picks among base attn gemv fused norm both combo cdt pdl fold autotune;
@@ -56,7 +57,7 @@
 # limit so the last phase still ends (and is tarred) inside the device call:
 #   DEADLINE=560 bash tools/gpu_checks.sh tests-a tests-b
 set -u
-[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-pair-table | spec-unroll | spec-why | spec-demo | spec-b64 | spec-b64-host | spec-diag | host-probe | small-mixed | spec16c | spec-cost | spec-table | rej | spec16 | spec16b | gemv | gemv-swap | gemv-pf | gemv-engine | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | final15 | attn-spills | attn-best | p1-rows | bench2 | sizes-tests | sizes-t1 | l2-table | startup | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-pair-table | spec-unroll | spec-why | spec-demo | spec-b64 | spec-b64-host | spec-diag | host-probe | small-mixed | spec16c | spec-cost | spec-table | rej | spec16 | spec16b | gemv | gemv-swap | gemv-pf | gemv-engine | final24 | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | final15 | attn-spills | attn-best | p1-rows | bench2 | sizes-tests | sizes-t1 | l2-table | startup | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
 OUT=${OUT:-/tmp/out}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 END=$(( $(date +%s) + ${DEADLINE:-100000} ))
@@ -440,6 +441,24 @@ gemv-engine)
     echo "pytest rc=$?" >> "$R/pytest_gpu.log"
     T 150 python3 tools/bench_spec.py --model /tmp/q06 --no-peer --method ngram --workloads copy --batch-sizes 1 \
       --k 4 --repeats 2 --json "$R/cost_ngram.json" > "$R/cost_ngram.log" 2>&1 )
+  ;;
+final24)
+  # the twenty-fourth session in one call: the GEMV and gate-up kernels on CUDA with GRAPHRUNNER_GEMV_PREFETCH=1,
+  # L1/L2 shipped / prefetch / gated activation, the GPU engine, GEMV-engine and capture tests with the shipped
+  # table (the swapped tensor-core configs), then L1/L2 prefetch + gated and shipped again
+  model &
+  GRAPHRUNNER_GEMV_PREFETCH=1 T 120 python3 -m pytest -q -x -p no:cacheprovider tests/test_gemv.py \
+    tests/test_gate_up_act.py > "$R/pytest_kernels.log" 2>&1
+  echo "pytest rc=$?" >> "$R/pytest_kernels.log"
+  wait
+  lat shipped
+  GRAPHRUNNER_GEMV_PREFETCH=1 lat pf
+  GRAPHRUNNER_GEMV_GATED_ACT=1 lat gated
+  T 240 python3 -m pytest -q -p no:cacheprovider -m gpu --durations=5 tests/test_gpu_engine.py \
+    tests/test_gpu_gemv_engine.py tests/test_gpu_capture.py > "$R/pytest_gpu.log" 2>&1
+  echo "pytest rc=$?" >> "$R/pytest_gpu.log"
+  GRAPHRUNNER_GEMV_PREFETCH=1 GRAPHRUNNER_GEMV_GATED_ACT=1 lat pf-gated
+  lat shipped2
   ;;
 l1-ab|l1-runs)
   # l1-runs: only the L1/L2 runs named in L1_RUNS (no engine tests, no kernel table)
