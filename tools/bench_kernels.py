@@ -162,17 +162,18 @@ def _sweep_configs(n: int, k: int, sms: int) -> list[GemvConfig]:
 
 def _sweep_dot_configs(n: int, k: int, sms: int) -> list[GemvConfig]:
     """Tensor-core launch shapes (x padded to 16 rows) worth timing, in both orientations (x or the weight tile as
-    the MMA's A operand): N tiles of 16-128, K steps of 128-1024, split K up to 8, pipelines of 1-3 stages, at
-    least one program per two SMs."""
+    the MMA's A operand): N tiles of 16-128, K steps of 64-1024, split K up to 8, pipelines of 1-4 stages, at
+    least one program per two SMs. (Small K steps in deep pipelines keep a program's shared memory small, so
+    several programs share an SM and more weight bytes are in flight.)"""
     kp = triton.next_power_of_2(k)
     out = []
-    for swap, bn, bk, split, warps in itertools.product((False, True), (16, 32, 64, 128), (128, 256, 512, 1024),
+    for swap, bn, bk, split, warps in itertools.product((False, True), (16, 32, 64, 128), (64, 128, 256, 512, 1024),
                                                         (1, 2, 4, 8), (4, 8)):
         if bk > kp or split * bk > kp or 2 * triton.cdiv(n, bn) * split < sms or (bn + 16) * bk // (32 * warps) > 192:
             continue
         if (bn > 64 and not swap) or (warps == 8 and bn * bk < 16384):
             continue
-        for stages in (1, 2, 3) if kp // (split * bk) >= 2 else (1,):
+        for stages in (1, 2, 3, 4) if kp // (split * bk) >= 2 else (1,):
             out.append(GemvConfig(bn, bk, split, num_warps=warps, num_stages=stages, use_dot=True, swap_ab=swap))
     return out
 

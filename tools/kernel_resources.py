@@ -54,10 +54,17 @@ def signature(consts: dict[str, Any]) -> dict[str, str]:
     return {n: "constexpr" if n in consts else pointers.get(n, "i32") for n in params}
 
 
-def resources(kernel: Any, sig: dict[str, str], consts: dict[str, Any], options: dict[str, int]) -> dict[str, int]:
-    """REG / STACK from cuobjdump -res-usage and the local-memory instructions (LDL / STL) in the SASS."""
-    compiled = triton.compile(ASTSource(fn=kernel, signature=sig, constexprs=consts), target=GPUTarget("cuda", 90, 32),
-                              options=options)
+def resources(kernel: Any, sig: dict[str, str], consts: dict[str, Any], options: dict[str, int],
+              divisible: tuple[str, ...] = ()) -> dict[str, int]:
+    """REG / STACK from cuobjdump -res-usage, the local-memory instructions (LDL / STL) and the asynchronous copies
+    (LDGSTS: a software-pipelined loop) in the SASS, and the shared memory. Pointers, and the integer arguments named
+    in `divisible`, carry the divisible-by-16 hint a real launch's specialisation gives them: without it Triton
+    cannot prove the alignment cp.async needs, and compiles a loop that is not pipelined."""
+    names = list(sig)
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
+             if sig[n] != "constexpr" and (sig[n].startswith("*") or n in divisible)}
+    compiled = triton.compile(ASTSource(fn=kernel, signature=sig, constexprs=consts, attrs=attrs),
+                              target=GPUTarget("cuda", 90, 32), options=options)
     bindir = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
     with tempfile.TemporaryDirectory() as tmp:
         cubin = os.path.join(tmp, "k.cubin")
@@ -67,7 +74,13 @@ def resources(kernel: Any, sig: dict[str, str], consts: dict[str, Any], options:
         sass = subprocess.run([str(bindir / "nvdisasm"), cubin], capture_output=True, text=True, check=True).stdout
     fields = dict(tok.split(":") for line in usage.splitlines() if "REG:" in line for tok in line.split())
     return {"registers": int(fields["REG"]), "stack_bytes": int(fields["STACK"]),
-            "spill_instructions": sass.count("LDL") + sass.count("STL")}
+            "spill_instructions": sass.count("LDL") + sass.count("STL"), "async_copies": sass.count("LDGSTS"),
+            "shared_bytes": int(compiled.metadata.shared)}
+
+
+# the GEMV's integer arguments that are multiples of 16 at the 0.6B shapes (N, K, strides, K per split), as a launch
+# specialises them
+_GEMV_DIVISIBLE = ("N", "K", "stride_xm", "stride_wn", "stride_om", "k_per_split")
 
 
 def gemv_rows() -> list[dict[str, Any]]:
@@ -89,11 +102,12 @@ def gemv_rows() -> list[dict[str, Any]]:
                 sig = {n: "constexpr" if n in consts else ptrs.get(n, "i32") for n in params}
                 row = {"N": entry["N"], "K": entry["K"], "M": m, "act": act, "config": cfg,
                        **resources(gemv._gemv_kernel, sig, consts,
-                                   {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]})}
+                                   {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}, _GEMV_DIVISIBLE)}
                 rows.append(row)
                 print(f"gemv N={row['N']:<5} K={row['K']:<5} M={m} act {int(act)} block_n {cfg['block_n']:<3} "
                       f"block_k {cfg['block_k']:<5} dot {int(cfg['use_dot'])}: {row['registers']:3d} registers, "
-                      f"{row['stack_bytes']:4d} B stack, {row['spill_instructions']:3d} spill instructions", flush=True)
+                      f"{row['stack_bytes']:4d} B stack, {row['spill_instructions']:3d} spill instructions, "
+                      f"{row['shared_bytes']:6d} B shared, {row['async_copies']:3d} async copies", flush=True)
     return rows
 
 
