@@ -1,9 +1,9 @@
 """Small-M linear for decode: y = x @ W^T (+ b) with x [M <= 8, K] and W [N, K] in bf16/fp16, reading W once.
 
 Each program loads a [BLOCK_N, BLOCK_K] tile of W per step along K and applies it to every row of x in turn (or,
-for larger M, to x padded to 16 rows in one tl.dot), so a row's bits never depend on M: a padded CUDA graph and an
-eager step agree. Split-K partials are summed in split order by the last program of each N tile. `linear()` routes
-the shapes tuned in gemv_configs.json to it.
+for larger M, to x padded to 16 rows in one tl.dot, either operand first), so a row's bits never depend on M: a
+padded CUDA graph and an eager step agree. Split-K partials are summed in split order by the last program of each
+N tile. `linear()` routes the shapes tuned in gemv_configs.json to it.
 """
 
 from __future__ import annotations
