@@ -12,7 +12,6 @@ import triton.language as tl
 from torch import Tensor
 
 from graphrunner.env import env_choice
-from graphrunner.kernel_checks import check_tensor
 from graphrunner.models import gemv
 from graphrunner.models.activation import silu_mul, silu_mul_ref
 from graphrunner.models.gemv import GemvConfig, config_for, prefetch_l2
@@ -84,18 +83,9 @@ def _gate_up_act_kernel(
 def gate_up_act_triton(x: Tensor, weight: Tensor, bias: Tensor | None, config: GemvConfig) -> Tensor:  # [M, I]
     """gate_up_act_ref's contract in one kernel, under a fusable config of the gate-up weight [2I, K] (its
     block_n split between the halves)."""
-    check_tensor(x, "x", (torch.bfloat16, torch.float16), 2, None)
-    check_tensor(weight, "weight", x.dtype, 2, x.device)
+    gemv.check_inputs(x, weight, bias)
     if weight.shape[0] % 2:
         raise ValueError(f"gate_up weight [{weight.shape[0]}, K] must hold gate and up halves of equal height")
-    if x.shape[1] != weight.shape[1]:
-        raise ValueError(f"x [M, {x.shape[1]}] and weight [N, {weight.shape[1]}] disagree on K")
-    if x.shape[0] > gemv.MAX_M:
-        raise ValueError(f"gate_up_act_triton takes at most {gemv.MAX_M} rows, got {x.shape[0]}")
-    if bias is not None:
-        check_tensor(bias, "bias", x.dtype, 1, x.device)
-        if bias.shape[0] != weight.shape[0]:
-            raise ValueError(f"bias has {bias.shape[0]} entries, weight has {weight.shape[0]} rows")
     if not fusable(config):
         raise ValueError(f"{config} cannot run fused (needs use_dot, swap_ab, split_k 1 and block_n >= 32)")
     m, k, half = x.shape[0], x.shape[1], weight.shape[0] // 2
@@ -111,7 +101,7 @@ def gate_up_act_triton(x: Tensor, weight: Tensor, bias: Tensor | None, config: G
     _gate_up_act_kernel[(triton.cdiv(half, block_n),)](
         x, weight, bias if bias is not None else out, out, m, half, k, x.stride(0), weight.stride(0), out.stride(0),
         BLOCK_N=block_n, BLOCK_K=config.block_k, HAS_BIAS=bias is not None,
-        PREFETCH=pdl and gemv.PREFETCH and config.block_k >= 64, PDL=pdl,
+        PREFETCH=gemv.prefetch_on(pdl, config.block_k), PDL=pdl,
         num_warps=config.num_warps, num_stages=config.num_stages, launch_pdl=pdl,
     )
     return out

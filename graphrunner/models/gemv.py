@@ -170,6 +170,11 @@ def _gemv_step(acc, w, k0, k_end, K, x_ptr, x_rows, norm_ptr, inv, M, stride_xm,
     return acc
 
 
+def prefetch_on(pdl: bool, block_k: int) -> bool:
+    """The PREFETCH constexpr of a launch: GRAPHRUNNER_GEMV_PREFETCH, with PDL, and K steps of whole lines."""
+    return pdl and PREFETCH and block_k >= 64
+
+
 @triton.jit
 def prefetch_l2(w_pf, k_start, k_end, BLOCK_K: tl.constexpr):
     """Ask L2 for columns [k_start, k_end) of the weight rows w_pf [BLOCK_N, 1] (valid rows: a hint must not name
@@ -293,7 +298,8 @@ def _counter_buffer(device: torch.device) -> Tensor | None:
     return zeroed_counters(_counters, device, _MAX_TILES)
 
 
-def _check(x: Tensor, weight: Tensor, bias: Tensor | None, gated: bool = False) -> None:
+def check_inputs(x: Tensor, weight: Tensor, bias: Tensor | None, gated: bool = False) -> None:
+    """x [M <= MAX_M, K] (or [M, 2K] gated), weight [N, K] and bias [N] of one bf16/fp16 dtype and device."""
     check_tensor(x, "x", _DTYPES, 2, None)
     check_tensor(weight, "weight", x.dtype, 2, x.device)
     if bias is not None:
@@ -305,13 +311,13 @@ def _check(x: Tensor, weight: Tensor, bias: Tensor | None, gated: bool = False) 
     if not gated and x.shape[1] != weight.shape[1]:
         raise ValueError(f"x [M, {x.shape[1]}] and weight [N, {weight.shape[1]}] disagree on K")
     if x.shape[0] > MAX_M:
-        raise ValueError(f"gemv_triton takes at most {MAX_M} rows, got {x.shape[0]}")
+        raise ValueError(f"the small-M kernels take at most {MAX_M} rows, got {x.shape[0]}")
 
 
 def gemv_ref(x: Tensor, weight: Tensor, bias: Tensor | None, silu_mul: bool = False) -> Tensor:  # [M, N]
     """PyTorch reference: float32 accumulation of x [M, K] @ weight [N, K]^T (+ bias), cast to x's dtype. With
     silu_mul, x is a gate-up output [M, 2K] and the product's input is silu(gate) * up (models.activation)."""
-    _check(x, weight, bias, silu_mul)
+    check_inputs(x, weight, bias, silu_mul)
     if silu_mul:
         x = silu_mul_ref(x)
     out = x.float() @ weight.float().t()
@@ -325,7 +331,7 @@ def gemv_triton(x: Tensor, weight: Tensor, bias: Tensor | None, config: GemvConf
     """x [M <= 8, K] @ weight [N, K]^T (+ bias [N]) -> [M, N] in x's dtype, float32 accumulation. With
     norm = (RMSNorm weight [K], eps) x is normalised first, inside the kernel (models.norm.rms_norm's numerics);
     with silu_mul, x is [M, 2K] (gate, up) and the kernel's prologue makes silu(gate) * up (gemv_ref's contract)."""
-    _check(x, weight, bias, silu_mul)
+    check_inputs(x, weight, bias, silu_mul)
     if norm is not None and silu_mul:
         raise ValueError("the GEMV prologue takes a norm or the gated activation, not both")
     if norm is not None:
@@ -357,7 +363,7 @@ def gemv_triton(x: Tensor, weight: Tensor, bias: Tensor | None, config: GemvConf
         float(norm[1]) if norm is not None else 0.0, M_PAD=16 if cfg.use_dot else triton.next_power_of_2(m),
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT=split_k > 1, HAS_BIAS=bias is not None, USE_DOT=cfg.use_dot,
         NORM=norm is not None, ACT=silu_mul, SWAP_AB=cfg.swap_ab,
-        PREFETCH=pdl and PREFETCH and cfg.block_k >= 64, PDL=pdl,
+        PREFETCH=prefetch_on(pdl, cfg.block_k), PDL=pdl,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl,
     )
     return out
