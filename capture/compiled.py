@@ -8,16 +8,16 @@ it, and compiles from cache hits.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from capture import aot
 from capture.compile_settings import configure_compilers, configure_dynamo
 from capture.manifest import Manifest
 from capture.piecewise import PiecewiseBackend
-from graphrunner.config import EngineConfig
+from graphrunner.config import PIECEWISE_MODES, EngineConfig
 from model_states.base import ModelState
 
 
@@ -34,6 +34,15 @@ def use_compile_cache(cache_dir: Path) -> None:
     os.environ["TRITON_CACHE_DIR"] = str(cache_dir / "triton")
     torch._inductor.config.fx_graph_cache = True
     functorch_config.enable_autograd_cache = True
+
+
+def use_kernel_cache(config: EngineConfig, model_state: ModelState) -> None:
+    """For an engine that runs the model uncompiled (torch_compile=False): check the precompiled directory's
+    manifest against this run and point Triton's cache at it (its kernels then load instead of compiling)."""
+    cache_dir = config.compile_cache
+    assert cache_dir is not None
+    Manifest.load(cache_dir).check_matches(manifest_for(config, model_state), cache_dir)
+    os.environ["TRITON_CACHE_DIR"] = str(cache_dir / "triton")
 
 
 def compile_model(model: nn.Module, backend: PiecewiseBackend | None = None) -> nn.Module:
@@ -57,9 +66,9 @@ def graph_sizes(config: EngineConfig, model_state: ModelState) -> tuple[list[int
     if config.device.type != "cuda" or config.enforce_eager or config.cudagraph_mode == "none":
         return [], []
     sc = config.scheduler
-    full = config.cudagraph_mode == "full_and_piecewise" and config.attention_backend == "triton"
+    full = config.cudagraph_mode in ("full_and_piecewise", "full") and config.attention_backend == "triton"
     return ((model_state.decode_batch_sizes(sc.max_num_seqs, config.cudagraph_capture_sizes) if full else []),
-            model_state.token_buckets(sc.max_num_batched_tokens))
+            model_state.token_buckets(sc.max_num_batched_tokens) if config.cudagraph_mode in PIECEWISE_MODES else [])
 
 
 def mixed_graph_sizes(config: EngineConfig, model_state: ModelState) -> list[tuple[int, int]]:
@@ -75,7 +84,7 @@ def mixed_graph_sizes(config: EngineConfig, model_state: ModelState) -> list[tup
 def manifest_for(config: EngineConfig, model_state: ModelState) -> Manifest:
     full, buckets = graph_sizes(config, model_state)
     return Manifest.current(config.model_dir, config.dtype, config.device, tuple(buckets), tuple(full),
-                            config.tensor_parallel_size)
+                            config.tensor_parallel_size, config.torch_compile)
 
 
 def prepare_compiled_model(model: nn.Module, config: EngineConfig, model_state: ModelState
@@ -85,6 +94,8 @@ def prepare_compiled_model(model: nn.Module, config: EngineConfig, model_state: 
     Returns the compiled model and its backend (which lists the pieces it made)."""
     cache_dir = config.compile_cache
     if cache_dir is not None:
+        from capture import aot  # (imports Dynamo: only an engine that compiles pays for it)
+
         Manifest.load(cache_dir).check_matches(manifest_for(config, model_state), cache_dir)
         use_compile_cache(cache_dir)
         loaded = aot.load(cache_dir, model, lambda b: compile_model(model, b)) if config.tensor_parallel_size == 1 \
@@ -93,3 +104,9 @@ def prepare_compiled_model(model: nn.Module, config: EngineConfig, model_state: 
             return loaded
     backend = PiecewiseBackend()
     return compile_model(model, backend), backend
+
+
+def loaded_saved_compilation(model: nn.Module) -> bool:
+    """Whether prepare_compiled_model loaded `model`'s saved compilation (capture/aot.py) rather than compiling."""
+    aot = sys.modules.get("capture.aot")  # never imported: nothing was loaded
+    return aot is not None and isinstance(model, aot.AOTCompiledModel)

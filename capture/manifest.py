@@ -54,15 +54,16 @@ class Manifest:
     full_sizes: tuple[int, ...] = ()  # FULL decode graph batch sizes
     # ranks the model is split over: each rank's compiled pieces have its shard's shapes and its collectives
     tensor_parallel_size: int = 1
+    compiled: bool = True  # the model compiled (Inductor's pieces and the saved compilation) or run as it is
 
     @classmethod
     def current(cls, model_dir: Path, dtype: torch.dtype, device: torch.device,
                 capture_sizes: tuple[int, ...], full_sizes: tuple[int, ...] = (),
-                tensor_parallel_size: int = 1) -> Manifest:
+                tensor_parallel_size: int = 1, compiled: bool = True) -> Manifest:
         name, capability = _device_facts(device)
         return cls(FORMAT_VERSION, model_hash(model_dir), str(dtype).removeprefix("torch."), torch.__version__,
                    _triton_version(), name, capability, tuple(capture_sizes), tuple(full_sizes),
-                   tensor_parallel_size)
+                   tensor_parallel_size, compiled)
 
     def save(self, out_dir: Path) -> None:
         (out_dir / MANIFEST_NAME).write_text(json.dumps(dataclasses.asdict(self), indent=1))
@@ -77,6 +78,7 @@ class Manifest:
             raw["capture_sizes"] = tuple(raw["capture_sizes"])
             raw["full_sizes"] = tuple(raw.get("full_sizes", ()))
             raw.setdefault("tensor_parallel_size", 1)  # written before tensor parallelism: one rank
+            raw.setdefault("compiled", True)  # written before uncompiled engines could be precompiled
             return cls(**raw)
         except (ValueError, TypeError, KeyError) as exc:
             raise ValueError(f"compile cache manifest {path} is unreadable: {exc}") from exc

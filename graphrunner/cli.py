@@ -79,8 +79,12 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="share of GPU memory to use")
     p.add_argument("--seed", type=int, default=0, help="engine seed (per-request seeds are drawn from it)")
     p.add_argument("--enforce-eager", action="store_true", help="no torch.compile, no CUDA graphs")
-    p.add_argument("--cudagraph-mode", default="full_and_piecewise", choices=("full_and_piecewise", "piecewise", "none"),
-                   help="CUDA graphs to capture (CUDA only)")
+    p.add_argument("--cudagraph-mode", default="full_and_piecewise",
+                   choices=("full_and_piecewise", "full", "piecewise", "none"), help="CUDA graphs to capture (CUDA only)")
+    p.add_argument("--compilation-config", "-O", type=_compilation_config, default=None,
+                   help='vLLM\'s compilation config: a level (0 = no torch.compile, no graphs; 3 = the default) or '
+                        'JSON, e.g. \'{"level": 0, "cudagraph_mode": "FULL"}\' (FULL graphs of the uncompiled '
+                        'model: the fastest start-up)')
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV-cache block")
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
                    help="reuse the KV blocks of prompt prefixes computed before")
@@ -99,7 +103,7 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
 _ENGINE_FLAGS = ("model", "dtype", "device", "seed", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
                  "num_gpu_blocks_override", "gpu_memory_utilization", "enforce_eager", "cudagraph_mode", "block_size",
                  "enable_prefix_caching", "enable_chunked_prefill", "max_logprobs", "generation_config",
-                 "tensor_parallel_size", "speculative_config")
+                 "tensor_parallel_size", "speculative_config", "compilation_config")
 
 
 def _json_object(text: str) -> dict[str, Any]:
@@ -110,6 +114,14 @@ def _json_object(text: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
     return value
+
+
+def _compilation_config(text: str) -> int | dict[str, Any]:
+    """--compilation-config / -O: a level (an integer) or a JSON object."""
+    try:
+        return int(text)
+    except ValueError:
+        return _json_object(text)
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:

@@ -280,7 +280,8 @@ class SchedulerConfig:
                              f">= max_model_len ({self.max_model_len}), or no long prompt could ever be scheduled")
 
 
-CUDAGRAPH_MODES = ("full_and_piecewise", "piecewise", "none")
+CUDAGRAPH_MODES = ("full_and_piecewise", "full", "piecewise", "none")
+PIECEWISE_MODES = ("full_and_piecewise", "piecewise")  # (piecewise graphs are graphs of compiled pieces)
 
 
 def check_tensor_parallel(model: ModelConfig, size: int, device: torch.device) -> None:
@@ -321,10 +322,14 @@ class EngineConfig:
     use_triton: bool = False  # device-side prep/sampling kernels; False = the PyTorch references
     logprobs_mode: str = "raw_logprobs"  # or "processed_logprobs" (after penalties, temperature, filters)
     attention_backend: str = "reference"  # or "triton" (engine_args picks triton on CUDA)
-    compile_cache: Path | None = None  # a `graphrunner precompile` directory: compile the model from it
-    # CUDA only, unless enforce_eager: "full_and_piecewise" (FULL graphs for plain uniform decodes, piecewise
-    # graphs for other steps), "piecewise" (piecewise graphs only) or "none" (compiled, no graphs)
+    compile_cache: Path | None = None  # a `graphrunner precompile` directory: compile (or, uncompiled, its kernels) from it
+    # CUDA only, unless enforce_eager: "full_and_piecewise" (FULL graphs for plain uniform decodes and small mixed
+    # steps, piecewise graphs for other steps), "full" (the FULL graphs only; other steps run without graphs),
+    # "piecewise" (piecewise graphs only) or "none" (no graphs)
     cudagraph_mode: str = "full_and_piecewise"
+    # False: the model runs uncompiled (compilation_config level 0): no Dynamo or Inductor at start-up, the FULL
+    # graphs ("full" mode) record its kernels as they are (docs/DECISIONS.md, S1)
+    torch_compile: bool = True
     # batch sizes of the FULL decode graphs (compilation_config's cudagraph_capture_sizes); None = the model
     # state's default sizes; sizes over max_num_seqs are not captured
     cudagraph_capture_sizes: tuple[int, ...] | None = None
@@ -350,5 +355,8 @@ class EngineConfig:
             raise ValueError(f"cudagraph_capture_sizes must be a list of batch sizes (integers >= 1), got {sizes!r}")
         if self.compile_cache is not None and self.enforce_eager:
             raise ValueError("compile_cache and enforce_eager=True contradict each other: pick one")
+        if not self.torch_compile and self.cudagraph_mode in PIECEWISE_MODES and not self.enforce_eager:
+            raise ValueError(f"cudagraph_mode={self.cudagraph_mode!r} needs the compiled model (its piecewise graphs "
+                             f"are of compiled pieces): without compilation use cudagraph_mode='full' or 'none'")
         if self.attention_backend == "triton" and self.device.type != "cuda" and not os.environ.get("TRITON_INTERPRET"):
             raise ValueError("attention_backend='triton' on CPU needs TRITON_INTERPRET=1 (Triton's interpreter)")

@@ -18,7 +18,14 @@ from typing import Any
 
 import torch
 
-from graphrunner.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, resolve_dtype
+from graphrunner.config import (
+    PIECEWISE_MODES,
+    CacheConfig,
+    EngineConfig,
+    ModelConfig,
+    SchedulerConfig,
+    resolve_dtype,
+)
 from graphrunner.spec_config import SpeculativeConfig
 
 DEMO_MODEL_DIR = Path(__file__).resolve().parent / "demo_model"
@@ -76,7 +83,7 @@ def _json_value(text: str) -> Any:
 
 
 _CUDAGRAPH_MODES = {"NONE": "none", "PIECEWISE": "piecewise", "FULL_AND_PIECEWISE": "full_and_piecewise",
-                    "FULL": "full_and_piecewise"}
+                    "FULL": "full", "FULL_DECODE_ONLY": "full"}
 
 
 def _capture_sizes(value: Any) -> Any:
@@ -186,13 +193,14 @@ class EngineArgs:
         ]
         return [reason for refused, reason in checks if refused]
 
-    def _compilation(self) -> tuple[bool, str, tuple[int, ...] | None]:
-        """(enforce_eager, cudagraph_mode, cudagraph_capture_sizes) after vLLM's compilation_config: a level / mode
-        number or a dict."""
+    def _compilation(self) -> tuple[bool, str, tuple[int, ...] | None, bool]:
+        """(enforce_eager, cudagraph_mode, cudagraph_capture_sizes, torch_compile) after vLLM's compilation_config: a
+        level / mode number or a dict. Level 0 is vLLM's no compilation: no graphs either, unless a FULL
+        cudagraph_mode asks for graphs of the uncompiled model."""
         cc = self.compilation_config
         eager, mode = self.enforce_eager, self.cudagraph_mode
         if cc is None:
-            return eager, mode, None
+            return eager, mode, None, True
         if isinstance(cc, int) and not isinstance(cc, bool):
             cc = {"level": cc}
         if not isinstance(cc, dict):
@@ -201,18 +209,24 @@ class EngineArgs:
         if unknown:
             raise ValueError(f"compilation_config keys {unknown} are not supported; known: level, mode, "
                              f"cudagraph_mode, cudagraph_capture_sizes")
-        level = cc.get("mode", cc.get("level"))
-        if level is not None:
-            if level not in (0, 1, 2, 3):
-                raise ValueError(f"compilation_config level must be 0-3, got {level!r}")
-            eager = eager or level == 0  # 0: no compilation, no graphs; 1-3: compiled (piecewise) + graphs
         if "cudagraph_mode" in cc:
             name = str(cc["cudagraph_mode"]).upper()
             if name not in _CUDAGRAPH_MODES:
                 raise ValueError(f"compilation_config cudagraph_mode {cc['cudagraph_mode']!r}: expected one of "
                                  f"{sorted(_CUDAGRAPH_MODES)}")
             mode = _CUDAGRAPH_MODES[name]
-        return eager, mode, _capture_sizes(cc.get("cudagraph_capture_sizes"))
+        level = cc.get("mode", cc.get("level"))
+        compiled = True
+        if level is not None:
+            if level not in (0, 1, 2, 3):
+                raise ValueError(f"compilation_config level must be 0-3, got {level!r}")
+            compiled = level != 0  # 1-3: compiled, with the cudagraph_mode's graphs
+            if level == 0 and "cudagraph_mode" in cc and mode in PIECEWISE_MODES:
+                raise ValueError(f"compilation_config level 0 (no compilation) with cudagraph_mode "
+                                 f"{cc['cudagraph_mode']!r}: piecewise graphs are of compiled pieces; use FULL or NONE")
+            if level == 0 and mode != "full":
+                eager = True  # vLLM's level 0: no compilation and, unless FULL graphs are asked for, no graphs
+        return eager, mode, _capture_sizes(cc.get("cudagraph_capture_sizes")), compiled
 
     def create_engine_config(self) -> EngineConfig:
         refusals = self._refusals()
@@ -231,7 +245,7 @@ class EngineArgs:
         batched = self.max_num_batched_tokens
         if batched is None:
             batched = 8192 if chunked else max(8192, max_len)
-        eager, graph_mode, capture_sizes = self._compilation()
+        eager, graph_mode, capture_sizes, compiled = self._compilation()
         if not isinstance(self.max_logprobs, int) or self.max_logprobs < 0:
             raise ValueError(f"max_logprobs must be an integer >= 0, got {self.max_logprobs!r}")
         return EngineConfig(
@@ -250,6 +264,7 @@ class EngineArgs:
             attention_backend=self.attention_backend or ("triton" if dev.type == "cuda" else "reference"),
             compile_cache=Path(self.compile_cache) if self.compile_cache is not None else None,
             cudagraph_mode=graph_mode,
+            torch_compile=compiled,
             cudagraph_capture_sizes=capture_sizes,
             max_logprobs=self.max_logprobs,
             generation_config=self.generation_config,

@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from graphrunner.config import ModelConfig
+from graphrunner.opaque import opaque_op
 from graphrunner.symm_all_reduce import SymmBuffer, check_first_engine
 from graphrunner.symm_all_reduce import setup as setup_symm_all_reduce
 
@@ -179,9 +180,8 @@ def rank_kv_config(model: ModelConfig) -> ModelConfig:
     return dataclasses.replace(model, num_heads=model.num_heads // _STATE.world_size, num_kv_heads=kv_heads)
 
 
-# ---- collectives (custom ops: opaque to torch.compile, capturable in CUDA graphs) -------------------
+# ---- collectives (opaque ops, graphrunner/opaque.py: opaque to torch.compile, capturable in CUDA graphs) ------
 
-@torch.library.custom_op("graphrunner::tp_all_reduce", mutates_args=())
 def _tp_all_reduce(x: torch.Tensor) -> torch.Tensor:
     if _SYMM is not None and _SYMM.fits(x):
         return _SYMM.all_reduce(x)
@@ -190,12 +190,11 @@ def _tp_all_reduce(x: torch.Tensor) -> torch.Tensor:
     return out
 
 
-@_tp_all_reduce.register_fake
+@opaque_op("tp_all_reduce", _tp_all_reduce).register_fake
 def _(x: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(x)
 
 
-@torch.library.custom_op("graphrunner::tp_all_gather", mutates_args=())
 def _tp_all_gather(x: torch.Tensor, world_size: int) -> torch.Tensor:
     """x [N, S] -> [N, world_size * S], rank r's block at columns [r * S, (r + 1) * S)."""
     x = x.contiguous()
@@ -209,16 +208,22 @@ def _tp_all_gather(x: torch.Tensor, world_size: int) -> torch.Tensor:
     return torch.cat(parts, dim=-1)
 
 
-@_tp_all_gather.register_fake
+@opaque_op("tp_all_gather", _tp_all_gather).register_fake
 def _(x: torch.Tensor, world_size: int) -> torch.Tensor:
     return x.new_empty((*x.shape[:-1], x.shape[-1] * world_size))
 
 
 def tp_all_reduce(x: torch.Tensor) -> torch.Tensor:
     """Sum of x over the ranks (x itself with one rank)."""
-    return x if _STATE.world_size == 1 else torch.ops.graphrunner.tp_all_reduce(x)
+    if _STATE.world_size == 1:
+        return x
+    return torch.ops.graphrunner.tp_all_reduce(x) if torch.compiler.is_compiling() else _tp_all_reduce(x)
 
 
 def tp_all_gather(x: torch.Tensor) -> torch.Tensor:
     """x [N, S] -> [N, world * S], the ranks' blocks side by side (x itself with one rank)."""
-    return x if _STATE.world_size == 1 else torch.ops.graphrunner.tp_all_gather(x, _STATE.world_size)
+    if _STATE.world_size == 1:
+        return x
+    if torch.compiler.is_compiling():
+        return torch.ops.graphrunner.tp_all_gather(x, _STATE.world_size)
+    return _tp_all_gather(x, _STATE.world_size)

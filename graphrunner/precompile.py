@@ -1,6 +1,6 @@
 """`graphrunner precompile`: compile everything an engine with a given config will need, offline, into
 one directory (Inductor's and Triton's caches, the model's saved compilation and a manifest) that later engines
-start warm from.
+start warm from. For an uncompiled engine (compilation level 0 with FULL graphs) that is the Triton kernels.
 
 It lives in the front because it drives a real Engine; capture/compiled.py reads the directory back.
 """
@@ -11,9 +11,6 @@ import dataclasses
 import time
 from pathlib import Path
 
-import torch
-
-from capture import aot
 from capture.compiled import graph_sizes, manifest_for
 from capture.manifest import MANIFEST_NAME
 from graphrunner.config import EngineConfig
@@ -31,6 +28,8 @@ WARMUP_TOKEN_COUNTS = (1, 3, 4, 16, 17, 64)
 def save_aot(engine: Engine, out_dir: Path) -> None:
     """The engine's compiled model saved whole (capture/aot.py), traced at the first step's shape: warm starts then
     load it instead of tracing. Tensor-parallel ranks (in other processes) trace as before."""
+    from capture import aot  # (imports Dynamo)
+
     runner = engine.runner
     t = min(engine.config.scheduler.max_num_batched_tokens, engine.config.scheduler.max_model_len)
     model = getattr(runner.model, "_orig_mod", runner.model)
@@ -54,18 +53,23 @@ def precompile(config: EngineConfig, out_dir: Path) -> float:
     # (capture runs the largest bucket first, then down to one token): on the H200 a warm start asked
     # for exactly the graphs the engine's construction made. Without graphs the first trace's size
     # hint is the first request's length, so each count is served after a fresh Dynamo state.
-    retrace = graph_sizes(config, model_state) == ([], [])
+    retrace = graph_sizes(config, model_state) == ([], []) and config.torch_compile
     engine = None
     try:
         engine = Engine(config, model_state)
         for count in WARMUP_TOKEN_COUNTS[1:] if retrace else WARMUP_TOKEN_COUNTS[-1:]:
             if retrace:
+                import torch._dynamo
+
                 torch._dynamo.reset()  # re-trace with this count as the size hint
             engine.add_request({"prompt_token_ids": [0] * count}, SamplingParams(temperature=0.0, max_tokens=2))
             while engine.has_unfinished():
                 engine.step()
-        if aot.available() and config.tensor_parallel_size == 1:
-            save_aot(engine, out_dir)
+        if config.torch_compile and config.tensor_parallel_size == 1:
+            from capture import aot
+
+            if aot.available():
+                save_aot(engine, out_dir)
     except BaseException:
         (out_dir / MANIFEST_NAME).unlink(missing_ok=True)  # a half-built cache must not look valid
         raise

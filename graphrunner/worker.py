@@ -16,8 +16,14 @@ from pathlib import Path
 
 import torch
 
-from capture.aot import AOTCompiledModel
-from capture.compiled import compile_draft, graph_sizes, mixed_graph_sizes, prepare_compiled_model
+from capture.compiled import (
+    compile_draft,
+    graph_sizes,
+    loaded_saved_compilation,
+    mixed_graph_sizes,
+    prepare_compiled_model,
+    use_kernel_cache,
+)
 from capture.manager import CaptureManager
 from graphrunner.config import EngineConfig, ModelConfig
 from graphrunner.env import env_choice
@@ -136,11 +142,14 @@ def build_runner(config: EngineConfig, model_state: ModelState | None = None) ->
     model_state = model_state or build_model_state(config)
     model = load_model(config.model_dir, model_state, config.dtype, config.device)
     progress("model loaded")
-    compile_on_gpu = config.device.type == "cuda" and not config.enforce_eager
+    graphs_on_gpu = config.device.type == "cuda" and not config.enforce_eager
+    compile_on_gpu = graphs_on_gpu and config.torch_compile
     backend = None
-    if config.compile_cache is not None or compile_on_gpu:
+    if not config.torch_compile and config.compile_cache is not None:
+        use_kernel_cache(config, model_state)  # the precompiled kernels, for the uncompiled model
+    elif config.compile_cache is not None or compile_on_gpu:
         model, backend = prepare_compiled_model(model, config, model_state)
-        progress("loaded the saved compilation" if isinstance(model, AOTCompiledModel)
+        progress("loaded the saved compilation" if loaded_saved_compilation(model)
                  else "set up the compiler (the model is traced at its first step)")
     sc, bs = config.scheduler, config.cache.block_size
     state = StateTable(sc.max_num_seqs, sc.max_model_len, blocks_needed(sc.max_model_len, bs), config.device,
@@ -155,7 +164,7 @@ def build_runner(config: EngineConfig, model_state: ModelState | None = None) ->
     runner = ModelRunner(model, model_state, placeholder, state, config.use_triton, config.logprobs_mode,
                          config.attention_backend, sc.max_num_batched_tokens, config.speculative, draft)
     manager = None
-    if compile_on_gpu and config.cudagraph_mode != "none":
+    if graphs_on_gpu and config.cudagraph_mode != "none":
         full_sizes, token_sizes = graph_sizes(config, model_state)
         pieces = backend.graph_pieces if backend is not None else None
         manager = CaptureManager(model_state, runner.buffers, pieces, full_sizes, token_sizes, sc.max_model_len,

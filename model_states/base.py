@@ -84,7 +84,10 @@ class ModelState(ABC):
         by each module's `reset_buffers()`)."""
         with torch.device("meta"):
             model = self.model_class()(self.config, **self.model_kwargs())
-        model = model.to(dtype=dtype).to_empty(device=torch.device(device))
+        target = torch.device(device)
+        # nn.Module.to_empty, but through torch.empty: to_empty's empty_like of a meta tensor runs torch's Python
+        # reference, which imports sympy (seconds of an uncompiled engine's start-up)
+        model = model.to(dtype=dtype)._apply(lambda t: torch.empty(t.shape, dtype=t.dtype, device=target))
         for module in model.modules():
             reset = getattr(module, "reset_buffers", None)
             if callable(reset):

@@ -349,3 +349,16 @@ def test_sweep_shapes_take_name_parts_and_explicit_weights() -> None:
     assert select_shapes("o 2048, 2048x1024") == {"o 2048->1024": (1024, 2048), "2048x1024": (2048, 1024)}
     with pytest.raises(SystemExit, match="'qvk'"):
         select_shapes("qkv,qvk")
+
+
+def test_is_tuned_is_marked_constant_as_torch_marks_it() -> None:
+    """gemv.is_tuned sets the attribute torch.compiler.assume_constant_result sets (importing Dynamo, which an
+    uncompiled engine never does, would cost seconds at start-up): torch must still mark functions that way."""
+
+    def probe(n: int, k: int) -> bool:
+        return n > k
+
+    marked = torch.compiler.assume_constant_result(probe)
+    added = set(vars(marked)) - {"__wrapped__"}
+    assert added == {"_dynamo_marked_constant"} and marked._dynamo_marked_constant is True
+    assert gemv.is_tuned._dynamo_marked_constant is True  # type: ignore[attr-defined]

@@ -1,7 +1,7 @@
-"""CUDA graphs on the GPU (`-m gpu`): eager, PIECEWISE and FULL execution give identical greedy tokens
-for awkward batch sizes (padded up to captured sizes), for mixed prefill/decode steps and for seeded and
-filtered sampling; padded rows
-of a FULL replay write no KV; the step loop with graphs never synchronises with the host.
+"""CUDA graphs on the GPU (`-m gpu`): eager, PIECEWISE and FULL execution, and FULL graphs of the uncompiled model
+(compilation level 0), give identical greedy tokens for awkward batch sizes (padded up to captured sizes), for mixed
+prefill/decode steps and for seeded and filtered sampling; padded rows of a FULL replay write no KV; the step loop
+with graphs never synchronises with the host.
 
 The model is a tiny fp32 Qwen3, so the three modes differ only in how the same math is launched.
 """
@@ -22,7 +22,8 @@ pytestmark = pytest.mark.gpu
 
 BATCH_SIZES = [1, 7, 16, 25, 33, 45, 64, 123]
 NEW_TOKENS = 10
-MODES = {"eager": {"enforce_eager": True}, "piecewise": {"cudagraph_mode": "piecewise"}, "full": {}}
+MODES = {"eager": {"enforce_eager": True}, "piecewise": {"cudagraph_mode": "piecewise"}, "full": {},
+         "uncompiled": {"compilation_config": {"level": 0, "cudagraph_mode": "FULL"}}}
 
 
 @pytest.fixture(scope="module")
@@ -75,6 +76,10 @@ def test_modes_dispatch_as_configured(engines: dict[str, LLM]) -> None:
         manager = engines[name].engine.runner.graphs
         assert manager is not None and manager.num_graphs > 0 and manager.pool_bytes > 0, name
     assert not engines["piecewise"].engine.runner.graphs.full_keys()
+    uncompiled = engines["uncompiled"].engine.runner
+    assert not uncompiled.graphs.token_sizes and uncompiled.graphs.pieces is None  # FULL graphs only
+    assert uncompiled.graphs.full_keys() == engines["full"].engine.runner.graphs.full_keys()
+    assert type(uncompiled.model).__name__ != "OptimizedModule" and not engines["uncompiled"].config.torch_compile
 
 
 @pytest.mark.parametrize("batch", BATCH_SIZES)
@@ -89,22 +94,27 @@ def test_eager_piecewise_full_give_identical_tokens(engines: dict[str, LLM], bat
         if name == "full":
             # decodes run FULL; only a prefill over the largest token bucket (2048) runs without graphs
             assert ran[StepMode.FULL] >= NEW_TOKENS - 2 and ran[StepMode.EAGER] <= 1, ran
+        if name == "uncompiled":  # decodes run FULL, prefills without graphs
+            assert ran[StepMode.FULL] >= NEW_TOKENS - 2 and ran[StepMode.PIECEWISE] == 0, ran
         if name == "piecewise":
             assert ran[StepMode.FULL] == 0 and ran[StepMode.PIECEWISE] >= NEW_TOKENS - 1, ran  # big prefills: eager
     assert results["piecewise"] == results["eager"]
     assert results["full"] == results["eager"]
+    assert results["uncompiled"] == results["eager"]
     for name in ("piecewise", "full"):
         pieces = engines[name].engine.runner.graphs.pieces
         assert not any(p.moved_input_calls or p.uncaptured_calls for p in pieces), name
 
 
 def test_mixed_prefill_and_decode_steps_identical(engines: dict[str, LLM]) -> None:
-    mixed_before = engines["full"].engine.runner.graphs.mixed_steps
+    mixed_before = {n: engines[n].engine.runner.graphs.mixed_steps for n in ("full", "uncompiled")}
     results = {name: _staggered(llm) for name, llm in engines.items()}
-    assert engines["full"].engine.runner.graphs.mixed_steps > mixed_before  # small prefill steps: mixed FULL graphs
+    for n, before in mixed_before.items():  # small prefill steps: mixed FULL graphs
+        assert engines[n].engine.runner.graphs.mixed_steps > before, n
     assert len(results["eager"]) == 19
     assert results["piecewise"] == results["eager"]
     assert results["full"] == results["eager"]
+    assert results["uncompiled"] == results["eager"]
 
 
 def test_seeded_and_filtered_sampling_identical_across_modes(engines: dict[str, LLM]) -> None:
@@ -122,13 +132,14 @@ def test_seeded_and_filtered_sampling_identical_across_modes(engines: dict[str, 
         middle = _counts(llm)
         outs = llm.generate(prompts, filtered)
         after = _counts(llm)
-        if name == "full":
+        if name in ("full", "uncompiled"):
             assert middle.get(StepMode.FULL, 0) - before.get(StepMode.FULL, 0) >= NEW_TOKENS - 2
             assert after.get(StepMode.FULL, 0) == middle.get(StepMode.FULL, 0)  # filtered batches never run FULL
         results[name] = (tokens, [o.outputs[0].token_ids for o in outs],
                          [[sorted(d) for d in o.outputs[0].logprobs] for o in outs])
     assert results["piecewise"] == results["eager"]
     assert results["full"] == results["eager"]
+    assert results["uncompiled"] == results["eager"]
 
 
 def test_penalised_batches_run_full_and_match_every_mode(engines: dict[str, LLM]) -> None:
@@ -144,10 +155,11 @@ def test_penalised_batches_run_full_and_match_every_mode(engines: dict[str, LLM]
     for name, llm in engines.items():
         before = _counts(llm)
         results[name] = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
-        if name == "full":
+        if name in ("full", "uncompiled"):
             assert _counts(llm).get(StepMode.FULL, 0) - before.get(StepMode.FULL, 0) >= 3 * NEW_TOKENS - 2
     assert results["piecewise"] == results["eager"]
     assert results["full"] == results["eager"]
+    assert results["uncompiled"] == results["eager"]
     plain = [SamplingParams(temperature=p.temperature, seed=p.seed, max_tokens=p.max_tokens, ignore_eos=True)
              for p in params]
     assert [o.outputs[0].token_ids for o in engines["eager"].generate(prompts, plain)] != results["eager"]
@@ -177,6 +189,18 @@ def test_graph_step_loop_never_synchronises(model_dir: Path) -> None:
     assert all(len(o.outputs[0].token_ids) == 16 for o in outs)
     counts = _counts(llm)
     assert counts.get(StepMode.FULL, 0) > 0 and counts.get(StepMode.PIECEWISE, 0) > 0, counts
+
+
+def test_uncompiled_graph_step_loop_never_synchronises(model_dir: Path) -> None:
+    llm = LLM(model=model_dir, dtype="float32", max_model_len=256, device="cuda", max_num_batched_tokens=48,
+              compilation_config={"level": 0, "cudagraph_mode": "FULL"})
+    SyncFreeLaunches(llm.engine)
+    params = [SamplingParams(temperature=t, max_tokens=16, ignore_eos=True, seed=i)
+              for i, t in enumerate([0.0, 0.8] * 6)]
+    outs = llm.generate(_prompts(12, 5, 3, 60), params)
+    assert all(len(o.outputs[0].token_ids) == 16 for o in outs)
+    counts = _counts(llm)
+    assert counts.get(StepMode.FULL, 0) > 0 and counts.get(StepMode.PIECEWISE, 0) == 0, counts
 
 
 def test_cache_hit_suffix_runs_one_mixed_graph_with_split_kv(tmp_path: Path) -> None:

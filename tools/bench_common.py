@@ -317,5 +317,8 @@ def add_common_args(p: Any, default_json: str) -> None:
     p.add_argument("--no-peer", action="store_true", help="skip the HF peers")
     p.add_argument("--no-ours", action="store_true", help="skip our engine (peer-only runs)")
     p.add_argument("--enforce-eager", action="store_true", help="ours: no CUDA graphs / compilation")
+    p.add_argument("--compilation-config", type=json.loads, default=None,
+                   help='ours: vLLM\'s compilation_config as JSON, e.g. \'{"level": 0, "cudagraph_mode": "FULL"}\' '
+                        '(the uncompiled model\'s FULL graphs)')
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="ours (peers run first and are freed)")
     p.add_argument("--json", default=default_json, help="where to write the JSON results (default %(default)s)")

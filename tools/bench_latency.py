@@ -136,7 +136,8 @@ def run_ours(args: argparse.Namespace, cases: list[Case], device: torch.device, 
     def body() -> None:
         max_len = max(c.prompt_len + c.output_len for c in cases)
         llm = build_ours(args.model, device, max_model_len=max_len, max_num_seqs=max(256, *(c.batch for c in cases)),
-                         enforce_eager=args.enforce_eager, gpu_memory_utilization=args.gpu_memory_utilization)
+                         enforce_eager=args.enforce_eager, gpu_memory_utilization=args.gpu_memory_utilization,
+                         **({} if args.compilation_config is None else {"compilation_config": args.compilation_config}))
         for case in cases:
             prompts = case.prompts()
 

@@ -6,7 +6,11 @@
   precompiled artifacts pays;
 * precompile: `graphrunner precompile` into an empty directory (offline, once);
 * warm: a run from that precompiled directory (the model's saved compilation loaded, capture/aot.py);
-* warm-traced: the same with GRAPHRUNNER_AOT=0 (Dynamo traces the model again, Inductor's cache serves the pieces).
+* warm-traced: the same with GRAPHRUNNER_AOT=0 (Dynamo traces the model again, Inductor's cache serves the pieces);
+* cold-uncompiled, precompile-uncompiled, warm-uncompiled: the same for the uncompiled engine with FULL graphs
+  (`compilation_config={"level": 0, "cudagraph_mode": "FULL"}`: no Dynamo, no Inductor; its precompiled directory
+  holds the Triton kernels).
+Each run also says whether the process imported torch._dynamo.
 Prints a table and writes JSON. Example: python tools/bench_startup.py --model /tmp/q06 --json s1.json
 """
 
@@ -23,13 +27,15 @@ from datetime import datetime
 from pathlib import Path
 
 FIRST_TOKEN = """
-import sys, time
+import json, os, sys, time
 t0 = float(sys.argv[1])
 from graphrunner import LLM, SamplingParams
 print(f"STAGE imported {time.time() - t0:.3f}", flush=True)
 kw = {"enforce_eager": True} if sys.argv[3] == "eager" else {}
 if sys.argv[3] not in ("eager", "-"):
     kw["compile_cache"] = sys.argv[3]
+if os.environ.get("S1_COMPILATION_CONFIG"):
+    kw["compilation_config"] = json.loads(os.environ["S1_COMPILATION_CONFIG"])
 params = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
 if len(sys.argv) > 4:  # --profile-dir: the engine build, then the first generate, under cProfile: the top functions
     import cProfile, pstats  # by cumulative time in DIR/warm_profile.txt (the generate's in .generate.txt), the raw
@@ -47,7 +53,9 @@ else:
     print(f"STAGE engine built {time.time() - t0:.3f}", flush=True)
     llm.generate([[1, 2, 3, 4]], params)
 print(f"FIRST_TOKEN {time.time() - t0:.3f}")
+print(f"DYNAMO_IMPORTED {int('torch._dynamo' in sys.modules)}")
 """
+UNCOMPILED = json.dumps({"level": 0, "cudagraph_mode": "FULL"})
 
 
 def _empty_caches(root: Path) -> dict[str, str]:
@@ -83,7 +91,8 @@ def _first_token(model: str, cache: str, env: dict[str, str], profile: Path | No
         head, sep, message = line.partition(": ")
         if sep and " graphrunner pid=" in head:
             print(f"    [{cache}] at {_since(head[:23], t0)} s: {message}", flush=True)
-    return float(proc.stdout.split("FIRST_TOKEN")[-1])
+    print(f"    [{cache}] torch._dynamo imported: {'yes' if 'DYNAMO_IMPORTED 1' in proc.stdout else 'no'}", flush=True)
+    return float(proc.stdout.split("FIRST_TOKEN")[-1].split()[0])
 
 
 def _precompile(model: str, out: Path, env: dict[str, str]) -> float:
@@ -91,13 +100,16 @@ def _precompile(model: str, out: Path, env: dict[str, str]) -> float:
     cmd = [sys.executable, "-m", "graphrunner", "precompile", "--out", str(out)]
     if model != "-":
         cmd += ["--model", model]
+    if env.get("S1_COMPILATION_CONFIG"):
+        cmd += ["--compilation-config", env["S1_COMPILATION_CONFIG"]]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"precompile failed: {proc.stderr[-2000:]}")
     return time.time() - t0
 
 
-STEPS = ("eager", "cold", "precompile", "warm", "warm-traced")
+STEPS = ("eager", "cold", "precompile", "warm", "warm-traced", "cold-uncompiled", "precompile-uncompiled",
+         "warm-uncompiled")
 
 
 def main() -> None:
@@ -113,12 +125,18 @@ def main() -> None:
     unknown = set(order) - set(STEPS)
     if unknown:
         ap.error(f"--steps: unknown {sorted(unknown)}; choose from {list(STEPS)}")
-    for warm in ("warm", "warm-traced"):
-        if warm in order and ("precompile" not in order or order.index("precompile") > order.index(warm)):
-            ap.error(f"--steps: {warm} needs precompile before it")
+    for warm, pre in (("warm", "precompile"), ("warm-traced", "precompile"),
+                      ("warm-uncompiled", "precompile-uncompiled")):
+        if warm in order and (pre not in order or order.index(pre) > order.index(warm)):
+            ap.error(f"--steps: {warm} needs {pre} before it")
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         cache = root / "precompiled"
+        plain = root / "precompiled-uncompiled"
+
+        def uncompiled(name: str) -> dict[str, str]:
+            return {**_empty_caches(root / name), "S1_COMPILATION_CONFIG": UNCOMPILED}
+
         steps = {"eager": ("eager_first_token_s", lambda: _first_token(args.model, "eager", _empty_caches(root / "eager"))),
                  "cold": ("cold_first_token_s", lambda: _first_token(args.model, "-", _empty_caches(root / "cold"))),
                  "precompile": ("precompile_s", lambda: _precompile(args.model, cache, _empty_caches(root / "pre"))),
@@ -126,7 +144,13 @@ def main() -> None:
                           lambda: _first_token(args.model, str(cache), _empty_caches(root / "warm"))),
                  # the same precompiled directory with its saved compilation unused (capture/aot.py): traced again
                  "warm-traced": ("warm_traced_first_token_s", lambda: _first_token(
-                     args.model, str(cache), {**_empty_caches(root / "warm-t"), "GRAPHRUNNER_AOT": "0"}))}
+                     args.model, str(cache), {**_empty_caches(root / "warm-t"), "GRAPHRUNNER_AOT": "0"})),
+                 "cold-uncompiled": ("cold_uncompiled_first_token_s",
+                                     lambda: _first_token(args.model, "-", uncompiled("cold-u"))),
+                 "precompile-uncompiled": ("precompile_uncompiled_s",
+                                           lambda: _precompile(args.model, plain, uncompiled("pre-u"))),
+                 "warm-uncompiled": ("warm_uncompiled_first_token_s",
+                                     lambda: _first_token(args.model, str(plain), uncompiled("warm-u")))}
         if args.profile_dir is not None:
             args.profile_dir.mkdir(parents=True, exist_ok=True)
             steps["warm-profiled"] = ("warm_profiled_first_token_s", lambda: _first_token(
@@ -136,6 +160,8 @@ def main() -> None:
         rows = {}
         for step in order:
             name, measure = steps[step]
+            if name in rows:  # a step repeated (in turns with another: the host's speed drifts) keeps each figure
+                name = f"{name}_{sum(k == name or k.startswith(name + '_') for k in rows) + 1}"
             rows[name] = measure()
             print(f"  {name:<22} {rows[name]:8.2f} s", flush=True)
     env = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "python": sys.version.split()[0]}

@@ -106,6 +106,15 @@ def run_peer(args: argparse.Namespace, prompts: list[list[int]], device: torch.d
     release()
 
 
+def compilation_config(args: argparse.Namespace) -> dict[str, Any]:
+    """The engine's compilation_config keyword: --compilation-config, with --capture-sizes as its capture sizes."""
+    given = args.compilation_config
+    cc = {"level": given} if isinstance(given, int) else dict(given or {})
+    if args.capture_sizes is not None:
+        cc["cudagraph_capture_sizes"] = args.capture_sizes
+    return {"compilation_config": cc} if cc else {}
+
+
 def run_ours(args: argparse.Namespace, prompts: list[list[int]], device: torch.device, report: Report,
              results: dict[str, Any]) -> None:
     def body() -> None:
@@ -114,8 +123,7 @@ def run_ours(args: argparse.Namespace, prompts: list[list[int]], device: torch.d
                          max_num_seqs=args.max_num_seqs, enforce_eager=args.enforce_eager,
                          gpu_memory_utilization=args.gpu_memory_utilization,
                          enable_prefix_caching=not args.no_prefix_caching,
-                         **({} if args.capture_sizes is None else
-                            {"compilation_config": {"cudagraph_capture_sizes": args.capture_sizes}}))
+                         **compilation_config(args))
         warm = prompts[: args.warmup_requests]
         warm_s = timed(lambda: ours_generate(llm, warm, 16, args.temperature), device)
         detok_modes = [True, False] if args.both_detok else [args.detokenize]

@@ -47,6 +47,9 @@
 #   bash tools/gpu_checks.sh attn-best  # then L1/L2 default vs ATTN_BEST="WARPS TILE PREFETCH", and P1 there
 #   bash tools/gpu_checks.sh p1-rows    # P1 with 128-row split prefill tiles vs 64 (+ the attention tests on CUDA)
 #   bash tools/gpu_checks.sh startup    # S1: cold, precompile, warm, eager
+#   bash tools/gpu_checks.sh uncompiled # FULL graphs of the uncompiled model (level 0): GPU tests, L1/L2 and T1 against
+#                                       # the default engine in turns
+#   bash tools/gpu_checks.sh uncompiled-s1 # S1 of both engines: precompile each, then warm starts in turns
 #   bash tools/gpu_checks.sh serve      # offline L1 and T1, then SV1 with the engine loop in a process (needs .whl/)
 #   bash tools/gpu_checks.sh serve-thread  # SV1 with the loop in a thread of the server (the old layout)
 #   bash tools/gpu_checks.sh tp         # on nvidia-h200-x2: TP tests (each test logged as it runs)
@@ -57,7 +60,7 @@
 # limit so the last phase still ends (and is tarred) inside the device call:
 #   DEADLINE=560 bash tools/gpu_checks.sh tests-a tests-b
 set -u
-[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-pair-table | spec-unroll | spec-why | spec-demo | spec-b64 | spec-b64-host | spec-diag | host-probe | small-mixed | spec16c | spec-cost | spec-table | rej | spec16 | spec16b | gemv | gemv-swap | gemv-pf | gemv-engine | final24 | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | final15 | attn-spills | attn-best | p1-rows | bench2 | sizes-tests | sizes-t1 | l2-table | startup | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-pair-table | spec-unroll | spec-why | spec-demo | spec-b64 | spec-b64-host | spec-diag | host-probe | small-mixed | spec16c | spec-cost | spec-table | rej | spec16 | spec16b | gemv | gemv-swap | gemv-pf | gemv-engine | final24 | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | final15 | attn-spills | attn-best | p1-rows | bench2 | sizes-tests | sizes-t1 | l2-table | startup | uncompiled | uncompiled-s1 | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
 OUT=${OUT:-/tmp/out}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 END=$(( $(date +%s) + ${DEADLINE:-100000} ))
@@ -743,6 +746,29 @@ startup)
   # STARTUP_STEPS picks the measurements; STARTUP_PROFILE=1 adds a warm start under cProfile ($R/prof/warm_profile.txt)
   GRAPHRUNNER_LOG_LEVEL=INFO T 560 python3 tools/bench_startup.py --model /tmp/q06 \
     --steps "${STARTUP_STEPS:-precompile,warm,cold,eager}" ${STARTUP_PROFILE:+--profile-dir "$R/prof"} \
+    --json "$R/s1.json" > "$R/s1.log" 2>&1
+  ;;
+uncompiled)
+  model
+  T 330 python3 -m pytest -q -p no:cacheprovider -m gpu --durations=8 tests/test_gpu_capture.py \
+    tests/test_gpu_engine.py -k "uncompiled or capture or modes or identical or synchronises" \
+    > "$R/pytest_gpu.log" 2>&1
+  echo "pytest rc=$?" >> "$R/pytest_gpu.log"
+  UC='{"level": 0, "cudagraph_mode": "FULL"}'
+  lat default
+  T 130 python3 tools/bench_latency.py --model /tmp/q06 --no-peer --workloads L1,L2 --batch-sizes 8 \
+    --compilation-config "$UC" --json "$R/uncompiled.json" > "$R/uncompiled.log" 2>&1
+  lat default2
+  T 150 python3 tools/bench_throughput.py --model /tmp/q06 --no-peer --runs 3 --compilation-config "$UC" \
+    --json "$R/t1_uncompiled.json" > "$R/t1_uncompiled.log" 2>&1
+  T 150 python3 tools/bench_throughput.py --model /tmp/q06 --no-peer --runs 3 --json "$R/t1_default.json" \
+    > "$R/t1_default.log" 2>&1
+  ;;
+uncompiled-s1)
+  model
+  export PYTHONPYCACHEPREFIX=/tmp/pyc && python3 -c "from graphrunner import LLM" 2>/dev/null
+  GRAPHRUNNER_LOG_LEVEL=INFO T 300 python3 tools/bench_startup.py --model /tmp/q06 \
+    --steps "${STARTUP_STEPS:-precompile-uncompiled,warm-uncompiled,precompile,warm,warm-uncompiled,warm}" \
     --json "$R/s1.json" > "$R/s1.log" 2>&1
   ;;
 serve)

@@ -20,6 +20,7 @@ from graphrunner.attention.triton_attention import (
     unified_attention,
     write_kv_triton,
 )
+from graphrunner.opaque import opaque_op
 
 
 def attend(ctx: ForwardContext, q3: torch.Tensor, out: torch.Tensor, layer_idx: int, num_heads: int,
@@ -41,7 +42,6 @@ def attend(ctx: ForwardContext, q3: torch.Tensor, out: torch.Tensor, layer_idx: 
         out.view(t, num_heads, head_dim).copy_(paged_attention_ref(q3, layer_cache, meta, scale, window))
 
 
-@torch.library.custom_op("graphrunner::paged_attention", mutates_args=("out",))
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, layer_idx: int,
                     num_heads: int, num_kv_heads: int, head_dim: int, scale: float, sliding_window: int) -> None:
     """q [T, Hq*D], k/v [T, Hkv*D] -> out [T, Hq*D]; writes k/v into layer `layer_idx` of the context's cache.
@@ -49,8 +49,18 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torc
     `out` is allocated by the caller so that, under piecewise CUDA graphs, it lives in the graph of
     the piece before this call and the piece after reads it at a fixed address. sliding_window -1 =
     none. The cache write is a side effect on context state the compiler never sees; layers stay
-    ordered because each layer's input depends on the previous one's output.
+    ordered because each layer's input depends on the previous one's output. Traced, this is the opaque op
+    graphrunner::paged_attention, where the piecewise backend splits (graphrunner/opaque.py).
     """
+    if torch.compiler.is_compiling():
+        torch.ops.graphrunner.paged_attention(q, k, v, out, layer_idx, num_heads, num_kv_heads, head_dim, scale,
+                                              sliding_window)
+    else:
+        _paged_attention(q, k, v, out, layer_idx, num_heads, num_kv_heads, head_dim, scale, sliding_window)
+
+
+def _paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, layer_idx: int,
+                     num_heads: int, num_kv_heads: int, head_dim: int, scale: float, sliding_window: int) -> None:
     ctx = get_forward_context()
     t = q.shape[0]
     k3 = k.view(t, num_kv_heads, head_dim)
@@ -60,7 +70,7 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torc
     attend(ctx, q.view(t, num_heads, head_dim), out, layer_idx, num_heads, num_kv_heads, head_dim, scale, sliding_window)
 
 
-@paged_attention.register_fake
+@opaque_op("paged_attention", _paged_attention, mutates_args=("out",)).register_fake
 def _(*args: object) -> None:
     return None
 
@@ -84,6 +94,6 @@ class Attention(nn.Module):
         """q [T, Hq*D], k/v [T, Hkv*D] -> [T, Hq*D]."""
         window = -1 if self.sliding_window is None else self.sliding_window
         out = torch.empty_like(q)  # [T, Hq*D]
-        torch.ops.graphrunner.paged_attention(q, k, v, out, self.layer_idx, self.num_heads, self.num_kv_heads,
-                                              self.head_dim, self.scale, window)
+        paged_attention(q, k, v, out, self.layer_idx, self.num_heads, self.num_kv_heads, self.head_dim, self.scale,
+                        window)
         return out

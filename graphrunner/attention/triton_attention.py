@@ -17,6 +17,7 @@ import triton.language as tl
 from graphrunner.attention.metadata import AttentionMetadata
 from graphrunner.env import env_choice, env_number
 from graphrunner.kernel_checks import check_tensor, step_sizes, zeroed_counters
+from graphrunner.opaque import opaque_op
 from graphrunner.pdl import pdl_launch_dependents, pdl_wait, use_pdl
 
 # keys per inner iteration (several paged blocks, gathered per position), and the main kernel's warps (0: 8 for
@@ -262,22 +263,22 @@ def unified_attention(query: torch.Tensor, layer_cache: torch.Tensor, meta: Atte
     """query [T, Hq, D], layer_cache [2, num_blocks, block_size, Hkv, D] -> [T, Hq, D] (query's dtype).
 
     With `out` ([T, Hq, D], unit stride in D) the result is written there (no allocation); otherwise
-    the call goes through the opaque torch op `graphrunner::unified_attention`."""
+    the result is allocated (traced: the opaque torch op `graphrunner::unified_attention`)."""
     window, cap = -1 if sliding_window is None else sliding_window, 0.0 if softcap is None else softcap
     if out is None:
-        return torch.ops.graphrunner.unified_attention(
-            query, layer_cache, meta.query_start_loc, meta.seq_lens, meta.block_table, meta.num_reqs,
-            meta.max_query_len, scale, window, cap, num_splits)
+        op = torch.ops.graphrunner.unified_attention if torch.compiler.is_compiling() else _unified_attention
+        return op(query, layer_cache, meta.query_start_loc, meta.seq_lens, meta.block_table, meta.num_reqs,
+                  meta.max_query_len, scale, window, cap, num_splits)
     _launch(query, layer_cache, meta.query_start_loc, meta.seq_lens, meta.block_table, meta.num_reqs,
             meta.max_query_len, scale, window, cap, num_splits, out)
     return out
 
 
-@torch.library.custom_op("graphrunner::unified_attention", mutates_args=())
-def _unified_attention_op(query: torch.Tensor, layer_cache: torch.Tensor, query_start_loc: torch.Tensor,
-                          seq_lens: torch.Tensor, block_table: torch.Tensor, num_reqs: int, max_query_len: int,
-                          scale: float, sliding_window: int, softcap: float, num_splits: int) -> torch.Tensor:
-    """The kernel as an opaque torch op (sliding_window -1 / softcap 0 = off): torch.compile splits graphs here."""
+def _unified_attention(query: torch.Tensor, layer_cache: torch.Tensor, query_start_loc: torch.Tensor,
+                       seq_lens: torch.Tensor, block_table: torch.Tensor, num_reqs: int, max_query_len: int,
+                       scale: float, sliding_window: int, softcap: float, num_splits: int) -> torch.Tensor:
+    """The kernel into a new tensor (sliding_window -1 / softcap 0 = off); traced, the opaque op below, where
+    torch.compile splits graphs."""
     out = torch.empty_like(query)
     _launch(query, layer_cache, query_start_loc, seq_lens, block_table, num_reqs, max_query_len, scale,
             sliding_window, softcap, num_splits, out)
@@ -335,7 +336,7 @@ def _launch(query: torch.Tensor, layer_cache: torch.Tensor, query_start_loc: tor
                                       HEAD_DIM=dim, D_PAD=d_pad, NUM_SPLITS=num_splits, PDL=pdl, launch_pdl=pdl)
 
 
-@_unified_attention_op.register_fake
+@opaque_op("unified_attention", _unified_attention).register_fake
 def _(query: torch.Tensor, *args: object) -> torch.Tensor:
     return torch.empty_like(query)
 

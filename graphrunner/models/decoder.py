@@ -56,9 +56,9 @@ class DecoderLayer(nn.Module):
         if delta is None:
             normed = ln1(residual)
         else:
-            normed, residual = torch.ops.graphrunner.add_rms_norm(delta, residual, ln1.weight, ln1.eps)
+            normed, residual = norm_mod.add_rms_norm(delta, residual, ln1.weight, ln1.eps)
         attn = self.self_attn(normed, cos, sin)
-        normed, residual = torch.ops.graphrunner.add_rms_norm(attn, residual, ln2.weight, ln2.eps)
+        normed, residual = norm_mod.add_rms_norm(attn, residual, ln2.weight, ln2.eps)
         return residual, self.mlp(normed)
 
 
@@ -88,7 +88,7 @@ class DecoderModel(nn.Module):
             delta = None
             for layer in self.layers:
                 hidden, delta = layer.forward_fused(hidden, delta, cos, sin)
-            return torch.ops.graphrunner.add_rms_norm(delta, hidden, self.norm.weight, self.norm.eps)[0]
+            return norm_mod.add_rms_norm(delta, hidden, self.norm.weight, self.norm.eps)[0]
         for layer in self.layers:
             hidden = layer(hidden, cos, sin)
         return self.norm(hidden)

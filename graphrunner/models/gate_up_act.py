@@ -15,6 +15,7 @@ from graphrunner.env import env_choice
 from graphrunner.models import gemv
 from graphrunner.models.activation import silu_mul, silu_mul_ref
 from graphrunner.models.gemv import GemvConfig, config_for, prefetch_l2
+from graphrunner.opaque import opaque_op
 from graphrunner.pdl import pdl_launch_dependents, pdl_wait, use_pdl
 
 ENABLED = env_choice("GRAPHRUNNER_GEMV_GATED_ACT", ("0", "1"), "0") == "1"
@@ -107,12 +108,19 @@ def gate_up_act_triton(x: Tensor, weight: Tensor, bias: Tensor | None, config: G
     return out
 
 
-@torch.library.custom_op("graphrunner::small_m_gated_mlp", mutates_args=())
 def small_m_gated_mlp(x: Tensor, gate_up_weight: Tensor, gate_up_bias: Tensor | None, down_weight: Tensor,
                       down_bias: Tensor | None) -> Tensor:
     """down(silu(gate) * up) for x [M, K] -> [M, H]: the fused gate-up kernel where the gate-up weight's config
     serving M is fusable, then the down projection's GEMV (or cuBLAS); otherwise the gate-up op, then the down
-    projection with the activation (`small_m_silu_mul_linear`)."""
+    projection with the activation (`small_m_silu_mul_linear`). Traced: the opaque op graphrunner::small_m_gated_mlp
+    (graphrunner/opaque.py)."""
+    if torch.compiler.is_compiling():
+        return torch.ops.graphrunner.small_m_gated_mlp(x, gate_up_weight, gate_up_bias, down_weight, down_bias)
+    return _small_m_gated_mlp(x, gate_up_weight, gate_up_bias, down_weight, down_bias)
+
+
+def _small_m_gated_mlp(x: Tensor, gate_up_weight: Tensor, gate_up_bias: Tensor | None, down_weight: Tensor,
+                       down_bias: Tensor | None) -> Tensor:
     cuda = x.device.type == "cuda" and x.dtype in (torch.bfloat16, torch.float16)
     config = config_for(x.shape[0], gate_up_weight.shape[0], gate_up_weight.shape[1]) if cuda else None
     if fusable(config):
@@ -122,7 +130,7 @@ def small_m_gated_mlp(x: Tensor, gate_up_weight: Tensor, gate_up_bias: Tensor | 
     return gemv.small_m_silu_mul_linear(gemv.small_m_linear(x, gate_up_weight, gate_up_bias), down_weight, down_bias)
 
 
-@small_m_gated_mlp.register_fake
+@opaque_op("small_m_gated_mlp", _small_m_gated_mlp).register_fake
 def _(x: Tensor, gate_up_weight: Tensor, gate_up_bias: Tensor | None, down_weight: Tensor,
       down_bias: Tensor | None) -> Tensor:
     return x.new_empty(x.shape[0], down_weight.shape[0])

@@ -25,6 +25,7 @@ from graphrunner.kernel_checks import check_tensor, zeroed_counters
 from graphrunner.kernel_checks import num_sms as _num_sms
 from graphrunner.models.activation import silu_mul, silu_mul_ref, silu_mul_triton
 from graphrunner.models.norm import normed_tile, rms_norm, rms_norm_triton
+from graphrunner.opaque import opaque_op
 from graphrunner.pdl import pdl_launch_dependents, pdl_wait, use_pdl
 
 MAX_M = 8  # token counts above this go to cuBLAS
@@ -106,11 +107,15 @@ def config_for(m: int, n: int, k: int) -> GemvConfig | None:
     return next((c for c in tuned_configs().get((n, k), ()) if m <= c.max_m), None)
 
 
-@torch.compiler.assume_constant_result
 def is_tuned(n: int, k: int) -> bool:
     """Whether W [N, K] has a GEMV config. Dynamo calls this at trace time and keeps the answer as a constant
     (tracing into it would trace the table's file read)."""
     return bool(tuned_configs().get((n, k)))
+
+
+# What torch.compiler.assume_constant_result does, without importing Dynamo (2-3 s) into an engine that never
+# compiles: it sets this attribute, which Dynamo reads at trace time (tests/test_gemv.py holds torch to it)
+is_tuned._dynamo_marked_constant = True  # type: ignore[attr-defined]
 
 
 def routes_to_gemv(weight: Tensor) -> bool:
@@ -369,27 +374,38 @@ def gemv_triton(x: Tensor, weight: Tensor, bias: Tensor | None, config: GemvConf
     return out
 
 
-@torch.library.custom_op("graphrunner::small_m_linear", mutates_args=())
 def small_m_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     """x [M, K] -> [M, N]: the Triton GEMV with the tuned config of (N, K) serving M (decided at run time, so one
-    traced graph serves every token count), else F.linear (cuBLAS)."""
+    traced graph serves every token count), else F.linear (cuBLAS). Traced: the opaque op graphrunner::small_m_linear
+    (graphrunner/opaque.py), as are the two below."""
+    if torch.compiler.is_compiling():
+        return torch.ops.graphrunner.small_m_linear(x, weight, bias)
+    return _small_m_linear(x, weight, bias)
+
+
+def _small_m_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     config = config_for(x.shape[0], weight.shape[0], weight.shape[1]) if x.device.type == "cuda" else None
     if config is None or x.dtype not in _DTYPES:
         return F.linear(x, weight, bias)
     return gemv_triton(x, weight, bias, config)
 
 
-@small_m_linear.register_fake
+@opaque_op("small_m_linear", _small_m_linear).register_fake
 def _(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     return x.new_empty(x.shape[0], weight.shape[0])
 
 
-@torch.library.custom_op("graphrunner::small_m_silu_mul_linear", mutates_args=())
 def small_m_silu_mul_linear(gate_up: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     """linear(silu(gate) * up) for gate_up [M, 2K] -> [M, N]: the GEMV with the activation in its prologue where a
     row-loop config serves M; otherwise one activation launch (silu_mul_triton on CUDA), then the tensor-core GEMV
     where its config serves M, else F.linear. (In the tensor-core GEMV the activation made the 0.6B shape's L2 step
     0.3 ms slower on the H200: its x tiles no longer stream straight to the tensor cores.)"""
+    if torch.compiler.is_compiling():
+        return torch.ops.graphrunner.small_m_silu_mul_linear(gate_up, weight, bias)
+    return _small_m_silu_mul_linear(gate_up, weight, bias)
+
+
+def _small_m_silu_mul_linear(gate_up: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     cuda = gate_up.device.type == "cuda"
     config = config_for(gate_up.shape[0], weight.shape[0], weight.shape[1]) if cuda and gate_up.dtype in _DTYPES \
         else None
@@ -399,15 +415,20 @@ def small_m_silu_mul_linear(gate_up: Tensor, weight: Tensor, bias: Tensor | None
     return gemv_triton(act, weight, bias, config) if config is not None else F.linear(act, weight, bias)
 
 
-@small_m_silu_mul_linear.register_fake
+@opaque_op("small_m_silu_mul_linear", _small_m_silu_mul_linear).register_fake
 def _(gate_up: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     return gate_up.new_empty(gate_up.shape[0], weight.shape[0])
 
 
-@torch.library.custom_op("graphrunner::small_m_norm_linear", mutates_args=())
 def small_m_norm_linear(x: Tensor, norm_weight: Tensor, eps: float, weight: Tensor, bias: Tensor | None) -> Tensor:
     """linear(rms_norm(x)) for x [M, K] -> [M, N]: the GEMV with the norm in its prologue where a tuned config
     serves M, else one RMSNorm launch (rms_norm_triton on CUDA) and F.linear."""
+    if torch.compiler.is_compiling():
+        return torch.ops.graphrunner.small_m_norm_linear(x, norm_weight, eps, weight, bias)
+    return _small_m_norm_linear(x, norm_weight, eps, weight, bias)
+
+
+def _small_m_norm_linear(x: Tensor, norm_weight: Tensor, eps: float, weight: Tensor, bias: Tensor | None) -> Tensor:
     config = config_for(x.shape[0], weight.shape[0], weight.shape[1]) if x.device.type == "cuda" else None
     if config is not None and x.dtype in _DTYPES:
         return gemv_triton(x, weight, bias, config, norm=(norm_weight, eps))
@@ -415,6 +436,6 @@ def small_m_norm_linear(x: Tensor, norm_weight: Tensor, eps: float, weight: Tens
     return F.linear(normed, weight, bias)
 
 
-@small_m_norm_linear.register_fake
+@opaque_op("small_m_norm_linear", _small_m_norm_linear).register_fake
 def _(x: Tensor, norm_weight: Tensor, eps: float, weight: Tensor, bias: Tensor | None) -> Tensor:
     return x.new_empty(x.shape[0], weight.shape[0])

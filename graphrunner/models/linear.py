@@ -23,7 +23,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     """x [..., K] @ weight [N, K]^T (+ bias [N]) -> [..., N]. A weight with a tuned GEMV config goes through the
     opaque op `graphrunner::small_m_linear`, which picks the GEMV or cuBLAS from the token count at run time."""
     if x.dim() == 2 and routes_to_gemv(weight):
-        return torch.ops.graphrunner.small_m_linear(x, weight, bias)
+        return gemv.small_m_linear(x, weight, bias)
     return F.linear(x, weight, bias)
 
 
@@ -33,7 +33,7 @@ def norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: 
     `graphrunner::small_m_norm_linear` (the norm inside the GEMV's prologue at small token counts); otherwise
     exactly the norm, then `linear`."""
     if gemv.NORM_PROLOGUE and x.dim() == 2 and norm_weight.dtype == weight.dtype and routes_to_gemv(weight):
-        return torch.ops.graphrunner.small_m_norm_linear(x, norm_weight, eps, weight, bias)
+        return gemv.small_m_norm_linear(x, norm_weight, eps, weight, bias)
     return linear(rms_norm(x, norm_weight, eps), weight, bias)
 
 
@@ -42,7 +42,7 @@ def silu_mul_linear(gate_up: torch.Tensor, weight: torch.Tensor, bias: torch.Ten
     GEMV serves, the op `graphrunner::small_m_silu_mul_linear` (the activation inside the GEMV's prologue at small
     token counts); otherwise exactly the activation, then `linear`."""
     if gemv.ACT_PROLOGUE and gate_up.dim() == 2 and gate_up.dtype == weight.dtype and routes_to_gemv(weight):
-        return torch.ops.graphrunner.small_m_silu_mul_linear(gate_up, weight, bias)
+        return gemv.small_m_silu_mul_linear(gate_up, weight, bias)
     gate, up = gate_up.chunk(2, dim=-1)
     return linear(F.silu(gate) * up, weight, bias)
 

@@ -30,7 +30,7 @@ class GatedMLP(nn.Module):
             gate_up, down = self.gate_up_proj, self.down_proj
             h = x if norm is None else norm(x)
             bias = down.bias if down.world == 1 else None  # (with TP it is added once, after the all-reduce)
-            out = torch.ops.graphrunner.small_m_gated_mlp(h, gate_up.weight, gate_up.bias, down.weight, bias)
+            out = gate_up_act.small_m_gated_mlp(h, gate_up.weight, gate_up.bias, down.weight, bias)
             return out if down.world == 1 else down.reduce(out)
         gate_up = self.gate_up_proj(x) if norm is None else self.gate_up_proj.forward_normed(x, norm)  # [T, 2I]
         return self.down_proj.forward_gated(gate_up)  # (models.linear.silu_mul_linear may fold the activation in)

@@ -15,6 +15,7 @@ from torch import nn
 
 from graphrunner.env import env_choice
 from graphrunner.kernel_checks import check_tensor, interpreted
+from graphrunner.opaque import opaque_op
 from graphrunner.pdl import pdl_launch_dependents, pdl_wait, use_pdl
 
 # GRAPHRUNNER_FUSED_ADD_NORM=1: the decoder's residual adds and the norms after them run as graphrunner::add_rms_norm
@@ -125,17 +126,24 @@ def add_rms_norm_triton(x: torch.Tensor, residual: torch.Tensor, weight: torch.T
     return out, summed
 
 
-@torch.library.custom_op("graphrunner::add_rms_norm", mutates_args=())
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                  eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(rms_norm(residual + x), residual + x): the Triton kernel on CUDA, the PyTorch form elsewhere (and under
-    Triton's interpreter). Opaque to torch.compile, so Inductor keeps it one launch."""
+    Triton's interpreter). Opaque to torch.compile (the op graphrunner::add_rms_norm), so Inductor keeps it one
+    launch; eager calls skip the dispatcher (graphrunner/opaque.py)."""
+    if torch.compiler.is_compiling():
+        return torch.ops.graphrunner.add_rms_norm(x, residual, weight, eps)
+    return _add_rms_norm(x, residual, weight, eps)
+
+
+def _add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                  eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     if x.device.type == "cuda" and not interpreted():
         return add_rms_norm_triton(x, residual, weight, eps)
     return add_rms_norm_ref(x, residual, weight, eps)
 
 
-@add_rms_norm.register_fake
+@opaque_op("add_rms_norm", _add_rms_norm).register_fake
 def _(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
       eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.empty_like(x), torch.empty_like(x)

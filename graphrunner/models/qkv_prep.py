@@ -17,6 +17,7 @@ from graphrunner.env import env_choice
 from graphrunner.kernel_checks import check_tensor, interpreted
 from graphrunner.models.norm import rms_norm
 from graphrunner.models.rotary import apply_rotary
+from graphrunner.opaque import opaque_op
 from graphrunner.pdl import pdl_launch_dependents, pdl_wait, use_pdl
 
 # SelfAttention hands the op below its fused qkv row and q/k norms (on by default since the H200 A/B of
@@ -152,13 +153,24 @@ def qkv_prep_triton(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_n
     return q_out
 
 
-@torch.library.custom_op("graphrunner::paged_attention_qkv", mutates_args=("out",))
 def paged_attention_qkv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_norm: torch.Tensor | None,
                         k_norm: torch.Tensor | None, eps: float, out: torch.Tensor, layer_idx: int, num_heads: int,
                         num_kv_heads: int, head_dim: int, scale: float, sliding_window: int) -> None:
     """graphrunner::paged_attention from the fused projection: qkv [T, (Hq + 2 Hkv) D], cos/sin [T, 1, D/2],
     optional per-head q/k RMSNorm weights [D] -> out [T, Hq*D]. The prologue kernel norms, ropes and writes k/v
-    into the context's cache; like paged_attention, torch.compile's piecewise graphs split here."""
+    into the context's cache; like paged_attention, this is an opaque op where torch.compile's piecewise graphs
+    split (graphrunner/opaque.py)."""
+    args = (qkv, cos, sin, q_norm, k_norm, eps, out, layer_idx, num_heads, num_kv_heads, head_dim, scale,
+            sliding_window)
+    if torch.compiler.is_compiling():
+        torch.ops.graphrunner.paged_attention_qkv(*args)
+    else:
+        _paged_attention_qkv(*args)
+
+
+def _paged_attention_qkv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_norm: torch.Tensor | None,
+                         k_norm: torch.Tensor | None, eps: float, out: torch.Tensor, layer_idx: int, num_heads: int,
+                         num_kv_heads: int, head_dim: int, scale: float, sliding_window: int) -> None:
     ctx = get_forward_context()
     kernel = ctx.backend == "triton" and (not INTERPRETED or KERNEL_UNDER_INTERPRETER)
     prep = qkv_prep_triton if kernel else qkv_prep_ref
@@ -168,6 +180,6 @@ def paged_attention_qkv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
            sliding_window)
 
 
-@paged_attention_qkv.register_fake
+@opaque_op("paged_attention_qkv", _paged_attention_qkv, mutates_args=("out",)).register_fake
 def _(*args: object) -> None:
     return None

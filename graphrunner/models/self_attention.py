@@ -77,7 +77,7 @@ class SelfAttention(nn.Module):
         attn = self.attn
         normed = self.q_norm is not None and self.k_norm is not None
         out = qkv.new_empty(qkv.shape[0], self.q_size)  # [T, Hq*D]
-        torch.ops.graphrunner.paged_attention_qkv(
+        qkv_prep.paged_attention_qkv(
             qkv, cos, sin, self.q_norm.weight if normed else None, self.k_norm.weight if normed else None,
             self.q_norm.eps if normed else 0.0, out, attn.layer_idx, attn.num_heads, attn.num_kv_heads,
             attn.head_dim, attn.scale, -1 if attn.sliding_window is None else attn.sliding_window)
