@@ -1,7 +1,7 @@
 """The MLP's gate-up projection with silu(gate) * up in its epilogue, at small token counts: one tensor-core kernel
 from x [M <= 8, K] to the activation [M, I], where the gate-up GEMV and the activation kernel were two launches.
 The op `graphrunner::small_m_gated_mlp` (x -> down(silu(gate) * up)) picks it, or the two-op path, from the
-token count at run time. Off unless GRAPHRUNNER_GEMV_GATED_ACT=1.
+token count at run time. On by default; GRAPHRUNNER_GEMV_GATED_ACT=0 turns it off.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from graphrunner.models.gemv import GemvConfig, config_for, prefetch_l2
 from graphrunner.opaque import opaque_op
 from graphrunner.pdl import pdl_launch_dependents, pdl_wait, use_pdl
 
-ENABLED = env_choice("GRAPHRUNNER_GEMV_GATED_ACT", ("0", "1"), "0") == "1"
+ENABLED = env_choice("GRAPHRUNNER_GEMV_GATED_ACT", ("0", "1"), "1") == "1"
 
 
 def fusable(config: GemvConfig | None) -> bool:
