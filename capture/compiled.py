@@ -2,7 +2,7 @@
 
 A precompiled directory (made by the front's `graphrunner.precompile`) holds Inductor's and Triton's
 caches plus a manifest; an engine given that directory checks the manifest, points the caches at
-it, and compiles from cache hits.
+it, and compiles from cache hits (an uncompiled engine only loads its Triton kernels from it).
 """
 
 from __future__ import annotations
