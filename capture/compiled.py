@@ -22,7 +22,7 @@ from model_states.base import ModelState
 
 
 def use_compile_cache(cache_dir: Path) -> None:
-    """Point Inductor's and Triton's on-disk caches at cache_dir (before anything is compiled), with
+    """Point Inductor's on-disk cache at cache_dir (before anything is compiled; Triton's: use_kernel_cache), with
     AOTAutograd's cache on too, so a warm start neither re-traces nor re-compiles a piece.
 
     (The cache once missed a graph on the H200: Dynamo had lifted float attributes as 0-d inputs,
@@ -31,14 +31,13 @@ def use_compile_cache(cache_dir: Path) -> None:
     import torch._functorch.config as functorch_config
 
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir / "inductor")
-    os.environ["TRITON_CACHE_DIR"] = str(cache_dir / "triton")
     torch._inductor.config.fx_graph_cache = True
     functorch_config.enable_autograd_cache = True
 
 
 def use_kernel_cache(config: EngineConfig, model_state: ModelState) -> None:
-    """For an engine that runs the model uncompiled (torch_compile=False): check the precompiled directory's
-    manifest against this run and point Triton's cache at it (its kernels then load instead of compiling)."""
+    """Check config.compile_cache's manifest against this run and point Triton's cache at it (its kernels then load
+    instead of compiling): all an uncompiled engine (torch_compile=False) takes from a precompiled directory."""
     cache_dir = config.compile_cache
     assert cache_dir is not None
     Manifest.load(cache_dir).check_matches(manifest_for(config, model_state), cache_dir)
@@ -96,7 +95,7 @@ def prepare_compiled_model(model: nn.Module, config: EngineConfig, model_state: 
     if cache_dir is not None:
         from capture import aot  # (imports Dynamo: only an engine that compiles pays for it)
 
-        Manifest.load(cache_dir).check_matches(manifest_for(config, model_state), cache_dir)
+        use_kernel_cache(config, model_state)
         use_compile_cache(cache_dir)
         loaded = aot.load(cache_dir, model, lambda b: compile_model(model, b)) if config.tensor_parallel_size == 1 \
             else None

@@ -13,6 +13,14 @@ from pathlib import Path
 from typing import Any
 
 
+def json_value(text: str) -> Any:
+    """A JSON flag value (argparse type); a bare number stays a number (`--compilation-config 3`, `-O3`)."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        raise argparse.ArgumentTypeError(f"not valid JSON: {text!r}") from None
+
+
 class FlexibleArgumentParser(argparse.ArgumentParser):
     def parse_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> Any:  # type: ignore[override]
         return super().parse_args(self._normalise(args), namespace)

@@ -19,6 +19,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any, NoReturn
 
 from graphrunner import __version__
+from graphrunner.argparse_utils import json_value
 from graphrunner.sampling_params import SamplingParams
 
 if typing.TYPE_CHECKING:
@@ -81,7 +82,7 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--enforce-eager", action="store_true", help="no torch.compile, no CUDA graphs")
     p.add_argument("--cudagraph-mode", default="full_and_piecewise",
                    choices=("full_and_piecewise", "full", "piecewise", "none"), help="CUDA graphs to capture (CUDA only)")
-    p.add_argument("--compilation-config", "-O", type=_compilation_config, default=None,
+    p.add_argument("--compilation-config", "-O", type=json_value, default=None,
                    help='vLLM\'s compilation config: a level (0 = no torch.compile, no graphs; 3 = the default) or '
                         'JSON, e.g. \'{"level": 0, "cudagraph_mode": "FULL"}\' (FULL graphs of the uncompiled '
                         'model: the fastest start-up)')
@@ -114,14 +115,6 @@ def _json_object(text: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
     return value
-
-
-def _compilation_config(text: str) -> int | dict[str, Any]:
-    """--compilation-config / -O: a level (an integer) or a JSON object."""
-    try:
-        return int(text)
-    except ValueError:
-        return _json_object(text)
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:

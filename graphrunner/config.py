@@ -322,7 +322,8 @@ class EngineConfig:
     use_triton: bool = False  # device-side prep/sampling kernels; False = the PyTorch references
     logprobs_mode: str = "raw_logprobs"  # or "processed_logprobs" (after penalties, temperature, filters)
     attention_backend: str = "reference"  # or "triton" (engine_args picks triton on CUDA)
-    compile_cache: Path | None = None  # a `graphrunner precompile` directory: compile (or, uncompiled, its kernels) from it
+    # a `graphrunner precompile` directory: compile the model from it (uncompiled: load its Triton kernels)
+    compile_cache: Path | None = None
     # CUDA only, unless enforce_eager: "full_and_piecewise" (FULL graphs for plain uniform decodes and small mixed
     # steps, piecewise graphs for other steps), "full" (the FULL graphs only; other steps run without graphs),
     # "piecewise" (piecewise graphs only) or "none" (no graphs)

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from graphrunner.argparse_utils import json_value
 from graphrunner.config import (
     PIECEWISE_MODES,
     CacheConfig,
@@ -72,14 +73,6 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
 def build_engine_config(**kwargs: Any) -> EngineConfig:
     """EngineConfig from keyword engine arguments (EngineArgs' fields)."""
     return EngineArgs(**kwargs).create_engine_config()
-
-
-def _json_value(text: str) -> Any:
-    """A JSON flag value; a bare number stays a number (compilation_config=3)."""
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        raise argparse.ArgumentTypeError(f"not valid JSON: {text!r}") from None
 
 
 _CUDAGRAPH_MODES = {"NONE": "none", "PIECEWISE": "piecewise", "FULL_AND_PIECEWISE": "full_and_piecewise",
@@ -158,7 +151,7 @@ class EngineArgs:
             if kind is bool or bool in args:
                 group.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
             elif dict in {typing.get_origin(a) or a for a in args} or typing.get_origin(kind) is dict:
-                group.add_argument(flag, type=_json_value, default=f.default, help="JSON (or a level, -O3 style)")
+                group.add_argument(flag, type=json_value, default=f.default, help="JSON (or a level, -O3 style)")
             else:
                 scalar = next((a for a in (args or (kind,)) if a in (int, float, str)), str)
                 group.add_argument(flag, type=scalar, default=f.default)
