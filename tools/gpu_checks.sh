@@ -50,6 +50,10 @@
 #   bash tools/gpu_checks.sh uncompiled # FULL graphs of the uncompiled model (level 0): GPU tests, L1/L2 and T1 against
 #                                       # the default engine in turns
 #   bash tools/gpu_checks.sh uncompiled-s1 # S1 of both engines: precompile each, then warm starts in turns
+#   bash tools/gpu_checks.sh pair26     # issue 16: train the pair (carry data/cache/demo_corpus), EAGLE k=4 vs alone
+#   bash tools/gpu_checks.sh pair26b    # (warm, after pair26) the target's shapes swept into a table copy: EAGLE again,
+#                                       # plain and verify step breakdowns
+#   bash tools/gpu_checks.sh final26    # eager fast paths and GPU engine/capture/spec tests, L1/L2 default vs uncompiled
 #   bash tools/gpu_checks.sh serve      # offline L1 and T1, then SV1 with the engine loop in a process (needs .whl/)
 #   bash tools/gpu_checks.sh serve-thread  # SV1 with the loop in a thread of the server (the old layout)
 #   bash tools/gpu_checks.sh tp         # on nvidia-h200-x2: TP tests (each test logged as it runs)
@@ -60,7 +64,7 @@
 # limit so the last phase still ends (and is tarred) inside the device call:
 #   DEADLINE=560 bash tools/gpu_checks.sh tests-a tests-b
 set -u
-[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-pair-table | spec-unroll | spec-why | spec-demo | spec-b64 | spec-b64-host | spec-diag | host-probe | small-mixed | spec16c | spec-cost | spec-table | rej | spec16 | spec16b | gemv | gemv-swap | gemv-pf | gemv-engine | final24 | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | final15 | attn-spills | attn-best | p1-rows | bench2 | sizes-tests | sizes-t1 | l2-table | startup | uncompiled | uncompiled-s1 | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-pair-table | spec-unroll | spec-why | spec-demo | spec-b64 | spec-b64-host | spec-diag | host-probe | small-mixed | spec16c | spec-cost | spec-table | rej | spec16 | spec16b | gemv | gemv-swap | gemv-pf | gemv-engine | final24 | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | final15 | attn-spills | attn-best | p1-rows | bench2 | sizes-tests | sizes-t1 | l2-table | startup | uncompiled | uncompiled-s1 | pair26 | pair26b | final26 | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
 OUT=${OUT:-/tmp/out}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 END=$(( $(date +%s) + ${DEADLINE:-100000} ))
@@ -763,6 +767,51 @@ uncompiled)
     --json "$R/t1_uncompiled.json" > "$R/t1_uncompiled.log" 2>&1
   T 150 python3 tools/bench_throughput.py --model /tmp/q06 --no-peer --runs 3 --json "$R/t1_default.json" \
     > "$R/t1_default.log" 2>&1
+  ;;
+pair26)
+  # issue 16's trained pair as the seventeenth session trained it (target 4 minutes, EAGLE head 1,500 steps), then
+  # EAGLE at k = SPEC_KS against the target alone with the shipped GEMV table. Carry data/cache/demo_corpus; run
+  # pair26b next while the machine is warm (/tmp/target and /tmp/eagle live only here)
+  train_target
+  T 240 python3 tools/train_demo_model.py train-eagle --data data/cache/demo_corpus --target /tmp/target \
+    --out /tmp/eagle --max-steps "${EAGLE_STEPS:-1500}" --minutes "${EAGLE_MINUTES:-3}" > "$R/train_eagle.log" 2>&1
+  SPEC_KS=${SPEC_KS:-4} spec_b1 150 eagle /tmp/eagle spec_eagle_shipped
+  ;;
+pair26b)
+  # the same pair with the target's untuned shapes (qkv 2048 x 1024, o 1024 x 1024: cuBLAS at every M in the shipped
+  # table) swept into a copy of the table: EAGLE against the target alone again, then where a plain step and a
+  # k = 4 verify step spend their time
+  cp graphrunner/models/gemv_configs.json /tmp/gemv_target.json
+  T "${SWEEP_LIMIT:-200}" python3 tools/bench_kernels.py --only gemv --sweep --shapes 2048x1024,1024x1024 \
+    --ms 1,2,3,4,5,8 --tuned-out /tmp/gemv_target.json --json "$R/bench_gemv.json" > "$R/bench_gemv.log" 2>&1
+  cp /tmp/gemv_target.json "$R/gemv_target.json"
+  export GRAPHRUNNER_GEMV_CONFIGS=/tmp/gemv_target.json
+  SPEC_KS=${SPEC_KS:-4} spec_b1 150 eagle /tmp/eagle spec_eagle_tuned
+  T 90 python3 tools/bench_step_breakdown.py --model /tmp/target --profile-steps 100 --json "$R/step_plain.json" \
+    --trace "$R/trace_plain.json" > "$R/step_plain.log" 2>&1
+  T 90 python3 tools/bench_step_breakdown.py --model /tmp/target --profile-steps 100 --speculative-method eagle \
+    --draft-model /tmp/eagle --num-speculative-tokens 4 --json "$R/step_eagle.json" --trace "$R/trace_eagle.json" \
+    > "$R/step_eagle.log" 2>&1
+  rm -f "$R"/trace_*.json
+  ;;
+final26)
+  # the eager fast paths (rope's one-gather lookup, RMSNorm in one launch) and the opaque callers: kernel tests on
+  # CUDA, the capture tests (every engine kind, the merged no-sync test), the uncompiled bf16 parity test, the spec
+  # GPU tests; then L1/L2 default, uncompiled, default again
+  model &
+  T 60 python3 -m pytest -q -p no:cacheprovider tests/test_eager_fast_paths.py tests/test_add_norm.py \
+    > "$R/pytest_kernels.log" 2>&1
+  echo "pytest rc=$?" >> "$R/pytest_kernels.log"
+  wait
+  T 300 python3 -m pytest -q -p no:cacheprovider -m gpu --durations=8 tests/test_gpu_capture.py \
+    tests/test_gpu_engine.py tests/test_spec_eagle.py tests/test_spec_decode_graphs.py \
+    -k "uncompiled or capture or modes or identical or synchronises or eagle or graphs" > "$R/pytest_gpu.log" 2>&1
+  echo "pytest rc=$?" >> "$R/pytest_gpu.log"
+  UC='{"level": 0, "cudagraph_mode": "FULL"}'
+  lat default
+  T 130 python3 tools/bench_latency.py --model /tmp/q06 --no-peer --workloads L1,L2 --batch-sizes 8 \
+    --compilation-config "$UC" --json "$R/uncompiled.json" > "$R/uncompiled.log" 2>&1
+  lat default2
   ;;
 uncompiled-s1)
   model

@@ -16,7 +16,7 @@ from torch import nn
 
 from graphrunner.models import gemv
 from graphrunner.models.gemv import routes_to_gemv
-from graphrunner.models.norm import RMSNorm, rms_norm
+from graphrunner.models.norm import RMSNorm, rms_norm_any
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -34,7 +34,7 @@ def norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: 
     exactly the norm, then `linear`."""
     if gemv.NORM_PROLOGUE and x.dim() == 2 and norm_weight.dtype == weight.dtype and routes_to_gemv(weight):
         return gemv.small_m_norm_linear(x, norm_weight, eps, weight, bias)
-    return linear(rms_norm(x, norm_weight, eps), weight, bias)
+    return linear(rms_norm_any(x, norm_weight, eps), weight, bias)
 
 
 def silu_mul_linear(gate_up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

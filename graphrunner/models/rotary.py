@@ -48,6 +48,7 @@ class RotaryEmbedding(nn.Module):
         half = head_dim // 2
         self.register_buffer("cos_cache", torch.empty(max_positions, half), persistent=False)  # [P, D/2] f32
         self.register_buffer("sin_cache", torch.empty(max_positions, half), persistent=False)  # [P, D/2] f32
+        self._tables: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
         if self.cos_cache.device.type != "meta":
             self.reset_buffers()
 
@@ -60,12 +61,30 @@ class RotaryEmbedding(nn.Module):
         freqs = pos[:, None] * inv_freq[None, :]  # [P, D/2] float32, same product as HF
         self.cos_cache = freqs.cos()
         self.sin_cache = freqs.sin()
+        self._tables: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}  # _cast_table's, by dtype and device
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """positions [T] int64 -> (cos, sin) each [T, 1, D/2] in `dtype` (HF casts cos/sin to x.dtype)."""
-        cos = self.cos_cache.index_select(0, positions).to(dtype)
-        sin = self.sin_cache.index_select(0, positions).to(dtype)
-        return cos.unsqueeze(1), sin.unsqueeze(1)
+        table = None if torch.compiler.is_compiling() else self._cast_table(dtype)
+        if table is None:  # traced: Inductor fuses the two gathers and casts into one kernel
+            cos = self.cos_cache.index_select(0, positions).to(dtype)
+            sin = self.sin_cache.index_select(0, positions).to(dtype)
+            return cos.unsqueeze(1), sin.unsqueeze(1)
+        # eager (an uncompiled engine): one gather from the table cast beforehand, which is bit-equal, since a cast
+        # of each element commutes with the gather
+        both = table.index_select(0, positions).unsqueeze(1)  # [T, 1, D] cos | sin
+        half = self.head_dim // 2
+        return both[..., :half], both[..., half:]
+
+    def _cast_table(self, dtype: torch.dtype) -> torch.Tensor | None:
+        """[P, D] cos | sin in `dtype` on the cache's device, built on first use; None while a CUDA graph is being
+        captured and it is not built yet (an allocation there would live in the graph's memory pool)."""
+        device = self.cos_cache.device
+        table = self._tables.get((dtype, device))
+        if table is None and not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+            table = torch.cat((self.cos_cache, self.sin_cache), dim=-1).to(dtype)
+            self._tables[(dtype, device)] = table
+        return table
 
     def extra_repr(self) -> str:
         return f"head_dim={self.head_dim}, max_positions={self.max_positions}, rope={self.rope}"
