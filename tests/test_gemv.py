@@ -6,6 +6,7 @@ float32-accumulating PyTorch reference on awkward M/N/K (split-K and not, bias),
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -166,11 +167,20 @@ def test_tuned_table_lookup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     assert table == {(100, 300): (GemvConfig(4, 128, 2, max_m=2), GemvConfig(16, 128, max_m=8, use_dot=True)),
                      (50, 300): (), (60, 300): (GemvConfig(4, 128, 2, max_m=4),), (70, 300): ()}
     monkeypatch.setattr(gemv, "tuned_configs", lambda: table)
+    monkeypatch.setattr(gemv, "UNTUNED", False)
     assert [gemv.config_for(m, 100, 300) for m in (1, 2, 3, 8, 9)] == [*table[(100, 300)][:1] * 2,
                                                                        *table[(100, 300)][1:] * 2, None]
     assert gemv.config_for(4, 60, 300) == table[(60, 300)][0] and gemv.config_for(5, 60, 300) is None
     assert gemv.config_for(1, 50, 300) is None and gemv.config_for(1, 1, 1) is None
     assert gemv.is_tuned(100, 300) and gemv.is_tuned(60, 300) and not gemv.is_tuned(50, 300)
+    # untuned shapes: the heuristic row loop up to UNTUNED_MAX_M tokens; an entry without configs stays cuBLAS
+    monkeypatch.setattr(gemv, "UNTUNED", True)
+    dev = torch.device(DEVICE)
+    assert [gemv.config_for(m, 1, 1, dev) for m in (1, 2, 3)] == [gemv.untuned_config(1, 1, dev)] * 2 + [None]
+    assert gemv.untuned_config(1, 1, dev).max_m == gemv.UNTUNED_MAX_M == 2
+    assert gemv.config_for(1, 50, 300, dev) is None and gemv.config_for(1, 70, 300, dev) is None
+    assert gemv.config_for(1, 100, 300, dev) == table[(100, 300)][0]
+    assert gemv.serves(1, 1) and gemv.serves(100, 300) and not gemv.serves(50, 300)
     for bad in ([{"N": 100}], [{"N": 1, "K": 3, "config": {**loop, "max_m": 5}}],
                 [{"N": 1, "K": 3, "configs": [loop, loop]}], [{"N": 1, "K": 3, "configs": [{**dot, "block_n": 8}]}]):
         _write_table(path, bad)
@@ -184,6 +194,7 @@ def test_linear_routes_only_tuned_cuda_shapes(monkeypatch: pytest.MonkeyPatch) -
     x, w, b = _data(3, 24, 40, torch.bfloat16, seed=4, bias=True)
     table = {(24, 40): (GemvConfig(4, 32, 1, max_m=2),)}
     monkeypatch.setattr(gemv, "tuned_configs", lambda: table)
+    monkeypatch.setattr(gemv, "UNTUNED", False)
     assert gemv.is_tuned(24, 40) and not gemv.is_tuned(24, 39)
     assert gemv.routes_to_gemv(w) == (DEVICE == "cuda")
     assert not gemv.routes_to_gemv(w.float()) and not gemv.routes_to_gemv(w[:, :39])
@@ -194,6 +205,25 @@ def test_linear_routes_only_tuned_cuda_shapes(monkeypatch: pytest.MonkeyPatch) -
         monkeypatch.setattr(gemv, "ENABLED", True)
         assert torch.equal(linear_mod.linear(x[:2], w, b), gemv_triton(x[:2], w, b, table[(24, 40)][0]))
         assert torch.equal(linear_mod.linear(x, w, b), F.linear(x, w, b))  # M = 3 > max_m
+
+
+def test_linear_routes_untuned_shapes_to_the_heuristic_row_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """GRAPHRUNNER_GEMV_UNTUNED (on by default): a CUDA bf16/fp16 weight whose (N, K) the table does not list runs
+    default_config's row loop up to UNTUNED_MAX_M tokens and cuBLAS above; a listed shape without configs stays
+    on cuBLAS; with the switch off nothing untuned routes."""
+    x, w, b = _data(3, 37, 70, torch.bfloat16, seed=5, bias=True)
+    monkeypatch.setattr(gemv, "tuned_configs", lambda: {(37, 71): ()})
+    monkeypatch.setattr(gemv, "UNTUNED", True)
+    assert gemv.routes_to_gemv(w) == (DEVICE == "cuda")
+    assert not gemv.serves(37, 71)
+    config = gemv.untuned_config(37, 70, torch.device(DEVICE))
+    assert dataclasses.replace(config, max_m=gemv.MAX_M) == gemv.default_config(37, 70, torch.device(DEVICE))
+    if DEVICE == "cuda":
+        for m in (1, 2):
+            assert torch.equal(linear_mod.linear(x[:m], w, b), gemv_triton(x[:m], w, b, config))
+        assert torch.equal(linear_mod.linear(x, w, b), F.linear(x, w, b))  # M = 3 > UNTUNED_MAX_M
+    monkeypatch.setattr(gemv, "UNTUNED", False)
+    assert not gemv.routes_to_gemv(w) and not gemv.serves(37, 70)
 
 
 def test_table_read_from_file_is_a_trace_time_constant(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -362,3 +392,4 @@ def test_is_tuned_is_marked_constant_as_torch_marks_it() -> None:
     added = set(vars(marked)) - {"__wrapped__"}
     assert added == {"_dynamo_marked_constant"} and marked._dynamo_marked_constant is True
     assert gemv.is_tuned._dynamo_marked_constant is True  # type: ignore[attr-defined]
+    assert gemv.serves._dynamo_marked_constant is True  # type: ignore[attr-defined]

@@ -54,6 +54,7 @@
 #   bash tools/gpu_checks.sh pair26b    # (warm, after pair26) the target's shapes swept into a table copy: EAGLE again,
 #                                       # plain and verify step breakdowns
 #   bash tools/gpu_checks.sh final26    # eager fast paths and GPU engine/capture/spec tests, L1/L2 default vs uncompiled
+#   bash tools/gpu_checks.sh untuned    # the heuristic row loop for untuned shapes vs cuBLAS, L1 on/off (0.6B, 1.7B), tests
 #   bash tools/gpu_checks.sh serve      # offline L1 and T1, then SV1 with the engine loop in a process (needs .whl/)
 #   bash tools/gpu_checks.sh serve-thread  # SV1 with the loop in a thread of the server (the old layout)
 #   bash tools/gpu_checks.sh tp         # on nvidia-h200-x2: TP tests (each test logged as it runs)
@@ -64,7 +65,7 @@
 # limit so the last phase still ends (and is tarred) inside the device call:
 #   DEADLINE=560 bash tools/gpu_checks.sh tests-a tests-b
 set -u
-[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-pair-table | spec-unroll | spec-why | spec-demo | spec-b64 | spec-b64-host | spec-diag | host-probe | small-mixed | spec16c | spec-cost | spec-table | rej | spec16 | spec16b | gemv | gemv-swap | gemv-pf | gemv-engine | final24 | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | final15 | attn-spills | attn-best | p1-rows | bench2 | sizes-tests | sizes-t1 | l2-table | startup | uncompiled | uncompiled-s1 | pair26 | pair26b | final26 | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-pair-table | spec-unroll | spec-why | spec-demo | spec-b64 | spec-b64-host | spec-diag | host-probe | small-mixed | spec16c | spec-cost | spec-table | rej | spec16 | spec16b | gemv | gemv-swap | gemv-pf | gemv-engine | final24 | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | final15 | attn-spills | attn-best | p1-rows | bench2 | sizes-tests | sizes-t1 | l2-table | startup | uncompiled | uncompiled-s1 | pair26 | pair26b | final26 | untuned | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
 OUT=${OUT:-/tmp/out}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 END=$(( $(date +%s) + ${DEADLINE:-100000} ))
@@ -789,7 +790,7 @@ pair26b)
   SPEC_KS=${SPEC_KS:-4} spec_b1 150 eagle /tmp/eagle spec_eagle_tuned
   T 90 python3 tools/bench_step_breakdown.py --model /tmp/target --profile-steps 100 --json "$R/step_plain.json" \
     --trace "$R/trace_plain.json" > "$R/step_plain.log" 2>&1
-  T 90 python3 tools/bench_step_breakdown.py --model /tmp/target --profile-steps 100 --speculative-method eagle \
+  T 90 python3 tools/bench_step_breakdown.py --model /tmp/target --steps 32 --profile-steps 60 --speculative-method eagle \
     --draft-model /tmp/eagle --num-speculative-tokens 4 --json "$R/step_eagle.json" --trace "$R/trace_eagle.json" \
     > "$R/step_eagle.log" 2>&1
   rm -f "$R"/trace_*.json
@@ -812,6 +813,31 @@ final26)
   T 130 python3 tools/bench_latency.py --model /tmp/q06 --no-peer --workloads L1,L2 --batch-sizes 8 \
     --compilation-config "$UC" --json "$R/uncompiled.json" > "$R/uncompiled.log" 2>&1
   lat default2
+  ;;
+untuned)
+  # GRAPHRUNNER_GEMV_UNTUNED: default_config's row loop against cuBLAS at M = 1-4 on shapes no table lists
+  # (Qwen3-1.7B / 4B / 8B, Llama-3-8B / 3.2-1B layers, LM heads, the demo model), then L1 with the switch on and
+  # off on the 0.6B shape (its LM head is the one untuned weight) and on the Qwen3-1.7B shape, then the GEMV kernel
+  # tests and the GEMV / 0.6B GPU engine tests with the switch on (the default)
+  model &
+  [ -d /tmp/q17 ] || python3 tools/make_bench_model.py --out /tmp/q17 --hidden 2048 --intermediate 6144 \
+    --tokenizer > "$R/make_q17.log" 2>&1 &
+  wait
+  T 150 python3 tools/bench_kernels.py --only gemv --ms 1,2,3,4 --shapes "${UNTUNED_SHAPES:-4096x2048,2048x2048,\
+12288x2048,2048x6144,6144x2560,2560x4096,19456x2560,2560x9728,6144x4096,4096x4096,24576x4096,4096x12288,28672x4096,\
+4096x14336,3072x2048,16384x2048,2048x8192,151936x1024,151936x2048,128256x4096,1024x256,256x512,1536x256,256x768,\
+4096x256}" --json "$R/bench_untuned.json" > "$R/bench_untuned.log" 2>&1
+  for m in q06 q17; do
+    for u in 1 0; do
+      GRAPHRUNNER_GEMV_UNTUNED=$u T 100 python3 tools/bench_latency.py --model /tmp/$m --no-peer --workloads L1 \
+        --json "$R/l1_${m}_u$u.json" > "$R/l1_${m}_u$u.log" 2>&1
+    done
+  done
+  T 200 python3 -m pytest -q -p no:cacheprovider --durations=5 tests/test_gemv.py tests/test_gpu_gemv_engine.py \
+    > "$R/pytest_gemv.log" 2>&1
+  echo "pytest rc=$?" >> "$R/pytest_gemv.log"
+  T 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu_engine.py -k "06b" > "$R/pytest_gpu.log" 2>&1
+  echo "pytest rc=$?" >> "$R/pytest_gpu.log"
   ;;
 uncompiled-s1)
   model

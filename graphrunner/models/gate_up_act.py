@@ -122,7 +122,7 @@ def small_m_gated_mlp(x: Tensor, gate_up_weight: Tensor, gate_up_bias: Tensor | 
 def _small_m_gated_mlp(x: Tensor, gate_up_weight: Tensor, gate_up_bias: Tensor | None, down_weight: Tensor,
                        down_bias: Tensor | None) -> Tensor:
     cuda = x.device.type == "cuda" and x.dtype in (torch.bfloat16, torch.float16)
-    config = config_for(x.shape[0], gate_up_weight.shape[0], gate_up_weight.shape[1]) if cuda else None
+    config = config_for(x.shape[0], gate_up_weight.shape[0], gate_up_weight.shape[1], x.device) if cuda else None
     if fusable(config):
         assert config is not None
         act = gate_up_act_triton(x, gate_up_weight, gate_up_bias, config)

@@ -8,6 +8,7 @@ N tile. `linear()` routes the shapes tuned in gemv_configs.json to it.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -40,6 +41,10 @@ NORM_PROLOGUE = env_choice("GRAPHRUNNER_GEMV_NORM", ("0", "1"), "0") == "1"
 # GRAPHRUNNER_GEMV_ACT=1: the MLP's silu(gate) * up runs in the down projection's GEMV prologue
 # (models.linear.silu_mul_linear); on by default, measured on the H200 (docs/DECISIONS.md)
 ACT_PROLOGUE = env_choice("GRAPHRUNNER_GEMV_ACT", ("0", "1"), "1") == "1"
+# GRAPHRUNNER_GEMV_UNTUNED=0: a weight shape without an entry in the table goes to cuBLAS at every token count; by
+# default default_config's row loop serves it up to UNTUNED_MAX_M tokens (measured on the H200; docs/DECISIONS.md)
+UNTUNED = env_choice("GRAPHRUNNER_GEMV_UNTUNED", ("0", "1"), "1") == "1"
+UNTUNED_MAX_M = 2
 # GRAPHRUNNER_GEMV_PREFETCH=1: with PDL, each program asks L2 for its whole weight slice before waiting for the kernel
 # before it, so the weights stream while that kernel finishes (the row loop's first-tile load, for every config)
 PREFETCH = env_choice("GRAPHRUNNER_GEMV_PREFETCH", ("0", "1"), "0") == "1"
@@ -102,40 +107,63 @@ def tuned_configs() -> dict[tuple[int, int], tuple[GemvConfig, ...]]:
     return load_tuned_configs(path) if path else {}
 
 
-def config_for(m: int, n: int, k: int) -> GemvConfig | None:
-    """The tuned config serving M tokens of W [N, K]: the first (smallest max_m) whose max_m >= M; None: cuBLAS."""
-    return next((c for c in tuned_configs().get((n, k), ()) if m <= c.max_m), None)
+def config_for(m: int, n: int, k: int, device: torch.device | None = None) -> GemvConfig | None:
+    """The config serving M tokens of W [N, K] on `device` (default: the current CUDA device): the tuned table's
+    first (smallest max_m) whose max_m >= M; for a shape the table does not list, untuned_config up to
+    UNTUNED_MAX_M tokens (GRAPHRUNNER_GEMV_UNTUNED). None: cuBLAS."""
+    configs = tuned_configs().get((n, k))
+    if configs is None:
+        return untuned_config(n, k, device) if UNTUNED and m <= UNTUNED_MAX_M else None
+    return next((c for c in configs if m <= c.max_m), None)
+
+
+def untuned_config(n: int, k: int, device: torch.device | None = None) -> GemvConfig:
+    """default_config's row loop for up to UNTUNED_MAX_M tokens of a shape without a table entry."""
+    dev = device if device is not None else torch.device("cuda", torch.cuda.current_device())
+    return _untuned_config(n, k, _num_sms(dev))
+
+
+@functools.cache
+def _untuned_config(n: int, k: int, sms: int) -> GemvConfig:
+    block_k = max(16, min(1024, triton.next_power_of_2(k)))
+    block_n = max(1, min(16, 8192 // block_k))
+    split_k = 1
+    while triton.cdiv(n, block_n) * split_k < 2 * sms and k // (split_k * 2) >= block_k:
+        split_k *= 2
+    return GemvConfig(block_n, block_k, split_k, max_m=UNTUNED_MAX_M)
 
 
 def is_tuned(n: int, k: int) -> bool:
-    """Whether W [N, K] has a GEMV config. Dynamo calls this at trace time and keeps the answer as a constant
-    (tracing into it would trace the table's file read)."""
+    """Whether W [N, K] has a tuned GEMV config. Dynamo calls this at trace time and keeps the answer as a
+    constant (tracing into it would trace the table's file read)."""
     return bool(tuned_configs().get((n, k)))
+
+
+def serves(n: int, k: int) -> bool:
+    """Whether the small-M op serves W [N, K] at some token count: a tuned config, or no table entry at all with
+    GRAPHRUNNER_GEMV_UNTUNED on (an entry without configs is a shape where cuBLAS won at every M). A constant at
+    trace time, as is_tuned."""
+    configs = tuned_configs().get((n, k))
+    return bool(configs) if configs is not None else UNTUNED
 
 
 # What torch.compiler.assume_constant_result does, without importing Dynamo (2-3 s) into an engine that never
 # compiles: it sets this attribute, which Dynamo reads at trace time (tests/test_gemv.py holds torch to it)
 is_tuned._dynamo_marked_constant = True  # type: ignore[attr-defined]
+serves._dynamo_marked_constant = True  # type: ignore[attr-defined]
 
 
 def routes_to_gemv(weight: Tensor) -> bool:
-    """Whether `linear()` sends this weight to the small-M op: a CUDA bf16/fp16 [N, K] weight with a tuned config,
-    unless GRAPHRUNNER_GEMV=0. Decided from metadata only, at trace time."""
+    """Whether `linear()` sends this weight to the small-M op: a CUDA bf16/fp16 [N, K] weight the op serves
+    (`serves`), unless GRAPHRUNNER_GEMV=0. Decided from metadata only, at trace time."""
     if not ENABLED or weight.device.type != "cuda" or weight.dtype not in _DTYPES or weight.dim() != 2:
         return False
-    return is_tuned(int(weight.shape[0]), int(weight.shape[1]))
+    return serves(int(weight.shape[0]), int(weight.shape[1]))
 
 
 def default_config(n: int, k: int, device: torch.device) -> GemvConfig:
     """Heuristic for untuned calls: full-K tiles of ~8K weights, split K only while N leaves SMs idle."""
-    sms = _num_sms(device)
-    block_k = max(16, min(1024, triton.next_power_of_2(k)))
-    block_n = max(1, min(16, 8192 // block_k))
-    tiles = triton.cdiv(n, block_n)
-    split_k = 1
-    while tiles * split_k < 2 * sms and k // (split_k * 2) >= block_k:
-        split_k *= 2
-    return GemvConfig(block_n, block_k, split_k)
+    return dataclasses.replace(_untuned_config(n, k, _num_sms(device)), max_m=MAX_M)
 
 
 @triton.jit
@@ -384,7 +412,8 @@ def small_m_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
 
 
 def _small_m_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-    config = config_for(x.shape[0], weight.shape[0], weight.shape[1]) if x.device.type == "cuda" else None
+    config = config_for(x.shape[0], weight.shape[0], weight.shape[1], x.device) if x.device.type == "cuda" \
+        else None
     if config is None or x.dtype not in _DTYPES:
         return F.linear(x, weight, bias)
     return gemv_triton(x, weight, bias, config)
@@ -407,8 +436,8 @@ def small_m_silu_mul_linear(gate_up: Tensor, weight: Tensor, bias: Tensor | None
 
 def _small_m_silu_mul_linear(gate_up: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     cuda = gate_up.device.type == "cuda"
-    config = config_for(gate_up.shape[0], weight.shape[0], weight.shape[1]) if cuda and gate_up.dtype in _DTYPES \
-        else None
+    config = config_for(gate_up.shape[0], weight.shape[0], weight.shape[1], gate_up.device) \
+        if cuda and gate_up.dtype in _DTYPES else None
     if config is not None and not config.use_dot:
         return gemv_triton(gate_up, weight, bias, config, silu_mul=True)
     act = silu_mul_triton(gate_up) if cuda else silu_mul_ref(gate_up)
@@ -429,7 +458,8 @@ def small_m_norm_linear(x: Tensor, norm_weight: Tensor, eps: float, weight: Tens
 
 
 def _small_m_norm_linear(x: Tensor, norm_weight: Tensor, eps: float, weight: Tensor, bias: Tensor | None) -> Tensor:
-    config = config_for(x.shape[0], weight.shape[0], weight.shape[1]) if x.device.type == "cuda" else None
+    config = config_for(x.shape[0], weight.shape[0], weight.shape[1], x.device) if x.device.type == "cuda" \
+        else None
     if config is not None and x.dtype in _DTYPES:
         return gemv_triton(x, weight, bias, config, norm=(norm_weight, eps))
     normed = rms_norm_triton(x, norm_weight, eps) if x.device.type == "cuda" else rms_norm(x, norm_weight, eps)
