@@ -173,11 +173,16 @@ def test_tuned_table_lookup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     assert gemv.config_for(4, 60, 300) == table[(60, 300)][0] and gemv.config_for(5, 60, 300) is None
     assert gemv.config_for(1, 50, 300) is None and gemv.config_for(1, 1, 1) is None
     assert gemv.is_tuned(100, 300) and gemv.is_tuned(60, 300) and not gemv.is_tuned(50, 300)
-    # untuned shapes: the heuristic row loop up to UNTUNED_MAX_M tokens; an entry without configs stays cuBLAS
+    # untuned shapes: the heuristic row loop up to untuned_max_m tokens; an entry without configs stays cuBLAS
     monkeypatch.setattr(gemv, "UNTUNED", True)
     dev = torch.device(DEVICE)
     assert [gemv.config_for(m, 1, 1, dev) for m in (1, 2, 3)] == [gemv.untuned_config(1, 1, dev)] * 2 + [None]
-    assert gemv.untuned_config(1, 1, dev).max_m == gemv.UNTUNED_MAX_M == 2
+    assert gemv.untuned_config(1, 1, dev).max_m == 2
+    # where cuBLAS won on the H200: two tokens only for weights up to 4096 x 2048, none for rows past 8192
+    big, long = (4096, 4096), (4096, 12288)
+    assert [gemv.config_for(m, *big, dev) for m in (1, 2)] == [gemv.untuned_config(*big, dev), None]
+    assert gemv.untuned_config(*big, dev).max_m == 1 and gemv.untuned_max_m(4096, 2048) == 2
+    assert gemv.config_for(1, *long, dev) is None and not gemv.serves(*long) and gemv.serves(*big)
     assert gemv.config_for(1, 50, 300, dev) is None and gemv.config_for(1, 70, 300, dev) is None
     assert gemv.config_for(1, 100, 300, dev) == table[(100, 300)][0]
     assert gemv.serves(1, 1) and gemv.serves(100, 300) and not gemv.serves(50, 300)
@@ -209,7 +214,7 @@ def test_linear_routes_only_tuned_cuda_shapes(monkeypatch: pytest.MonkeyPatch) -
 
 def test_linear_routes_untuned_shapes_to_the_heuristic_row_loop(monkeypatch: pytest.MonkeyPatch) -> None:
     """GRAPHRUNNER_GEMV_UNTUNED (on by default): a CUDA bf16/fp16 weight whose (N, K) the table does not list runs
-    default_config's row loop up to UNTUNED_MAX_M tokens and cuBLAS above; a listed shape without configs stays
+    default_config's row loop up to untuned_max_m tokens and cuBLAS above; a listed shape without configs stays
     on cuBLAS; with the switch off nothing untuned routes."""
     x, w, b = _data(3, 37, 70, torch.bfloat16, seed=5, bias=True)
     monkeypatch.setattr(gemv, "tuned_configs", lambda: {(37, 71): ()})
@@ -218,10 +223,11 @@ def test_linear_routes_untuned_shapes_to_the_heuristic_row_loop(monkeypatch: pyt
     assert not gemv.serves(37, 71)
     config = gemv.untuned_config(37, 70, torch.device(DEVICE))
     assert dataclasses.replace(config, max_m=gemv.MAX_M) == gemv.default_config(37, 70, torch.device(DEVICE))
+    assert config.max_m == 2
     if DEVICE == "cuda":
         for m in (1, 2):
             assert torch.equal(linear_mod.linear(x[:m], w, b), gemv_triton(x[:m], w, b, config))
-        assert torch.equal(linear_mod.linear(x, w, b), F.linear(x, w, b))  # M = 3 > UNTUNED_MAX_M
+        assert torch.equal(linear_mod.linear(x, w, b), F.linear(x, w, b))  # M = 3 > untuned_max_m
     monkeypatch.setattr(gemv, "UNTUNED", False)
     assert not gemv.routes_to_gemv(w) and not gemv.serves(37, 70)
 

@@ -3,7 +3,8 @@
 Each program loads a [BLOCK_N, BLOCK_K] tile of W per step along K and applies it to every row of x in turn (or,
 for larger M, to x padded to 16 rows in one tl.dot, either operand first), so a row's bits never depend on M: a
 padded CUDA graph and an eager step agree. Split-K partials are summed in split order by the last program of each
-N tile. `linear()` routes the shapes tuned in gemv_configs.json to it.
+N tile. `linear()` routes the shapes tuned in gemv_configs.json to it, and at one or two tokens the shapes the table
+does not list (default_config's row loop, where it beat cuBLAS on the H200).
 """
 
 from __future__ import annotations
@@ -42,9 +43,12 @@ NORM_PROLOGUE = env_choice("GRAPHRUNNER_GEMV_NORM", ("0", "1"), "0") == "1"
 # (models.linear.silu_mul_linear); on by default, measured on the H200 (docs/DECISIONS.md)
 ACT_PROLOGUE = env_choice("GRAPHRUNNER_GEMV_ACT", ("0", "1"), "1") == "1"
 # GRAPHRUNNER_GEMV_UNTUNED=0: a weight shape without an entry in the table goes to cuBLAS at every token count; by
-# default default_config's row loop serves it up to UNTUNED_MAX_M tokens (measured on the H200; docs/DECISIONS.md)
+# default default_config's row loop serves it where it beat cuBLAS on the H200 over 27 shapes of 0.3B-8B models
+# (docs/BENCHMARKS.md, twenty-sixth session): one token where K <= UNTUNED_MAX_K, two where the weight is also at
+# most UNTUNED_M2_MAX_WEIGHT elements
 UNTUNED = env_choice("GRAPHRUNNER_GEMV_UNTUNED", ("0", "1"), "1") == "1"
-UNTUNED_MAX_M = 2
+UNTUNED_MAX_K = 8192  # longer rows (the 4B-8B down projections): cuBLAS was 8-15% faster at M = 1
+UNTUNED_M2_MAX_WEIGHT = 4096 * 2048  # larger weights: cuBLAS was up to 27% faster at M = 2
 # GRAPHRUNNER_GEMV_PREFETCH=1: with PDL, each program asks L2 for its whole weight slice before waiting for the kernel
 # before it, so the weights stream while that kernel finishes (the row loop's first-tile load, for every config)
 PREFETCH = env_choice("GRAPHRUNNER_GEMV_PREFETCH", ("0", "1"), "0") == "1"
@@ -110,27 +114,34 @@ def tuned_configs() -> dict[tuple[int, int], tuple[GemvConfig, ...]]:
 def config_for(m: int, n: int, k: int, device: torch.device | None = None) -> GemvConfig | None:
     """The config serving M tokens of W [N, K] on `device` (default: the current CUDA device): the tuned table's
     first (smallest max_m) whose max_m >= M; for a shape the table does not list, untuned_config up to
-    UNTUNED_MAX_M tokens (GRAPHRUNNER_GEMV_UNTUNED). None: cuBLAS."""
+    untuned_max_m tokens (GRAPHRUNNER_GEMV_UNTUNED). None: cuBLAS."""
     configs = tuned_configs().get((n, k))
     if configs is None:
-        return untuned_config(n, k, device) if UNTUNED and m <= UNTUNED_MAX_M else None
+        return untuned_config(n, k, device) if UNTUNED and m <= untuned_max_m(n, k) else None
     return next((c for c in configs if m <= c.max_m), None)
 
 
+def untuned_max_m(n: int, k: int) -> int:
+    """The token counts default_config's row loop serves for W [N, K] without a table entry (0: none)."""
+    if k > UNTUNED_MAX_K:
+        return 0
+    return 2 if n * k <= UNTUNED_M2_MAX_WEIGHT else 1
+
+
 def untuned_config(n: int, k: int, device: torch.device | None = None) -> GemvConfig:
-    """default_config's row loop for up to UNTUNED_MAX_M tokens of a shape without a table entry."""
+    """default_config's row loop for up to untuned_max_m tokens of a shape without a table entry (at least one)."""
     dev = device if device is not None else torch.device("cuda", torch.cuda.current_device())
-    return _untuned_config(n, k, _num_sms(dev))
+    return dataclasses.replace(_heuristic_config(n, k, _num_sms(dev)), max_m=max(1, untuned_max_m(n, k)))
 
 
 @functools.cache
-def _untuned_config(n: int, k: int, sms: int) -> GemvConfig:
+def _heuristic_config(n: int, k: int, sms: int) -> GemvConfig:
     block_k = max(16, min(1024, triton.next_power_of_2(k)))
     block_n = max(1, min(16, 8192 // block_k))
     split_k = 1
     while triton.cdiv(n, block_n) * split_k < 2 * sms and k // (split_k * 2) >= block_k:
         split_k *= 2
-    return GemvConfig(block_n, block_k, split_k, max_m=UNTUNED_MAX_M)
+    return GemvConfig(block_n, block_k, split_k)
 
 
 def is_tuned(n: int, k: int) -> bool:
@@ -144,7 +155,7 @@ def serves(n: int, k: int) -> bool:
     GRAPHRUNNER_GEMV_UNTUNED on (an entry without configs is a shape where cuBLAS won at every M). A constant at
     trace time, as is_tuned."""
     configs = tuned_configs().get((n, k))
-    return bool(configs) if configs is not None else UNTUNED
+    return bool(configs) if configs is not None else UNTUNED and untuned_max_m(n, k) > 0
 
 
 # What torch.compiler.assume_constant_result does, without importing Dynamo (2-3 s) into an engine that never
@@ -163,7 +174,7 @@ def routes_to_gemv(weight: Tensor) -> bool:
 
 def default_config(n: int, k: int, device: torch.device) -> GemvConfig:
     """Heuristic for untuned calls: full-K tiles of ~8K weights, split K only while N leaves SMs idle."""
-    return dataclasses.replace(_untuned_config(n, k, _num_sms(device)), max_m=MAX_M)
+    return _heuristic_config(n, k, _num_sms(device))
 
 
 @triton.jit
