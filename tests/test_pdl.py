@@ -116,9 +116,10 @@ def test_engine_tokens_equal_with_pdl(tmp_path: Path, monkeypatch: pytest.Monkey
     prompts = [[5, 6, 7, 8, 9, 10, 11], [100, 7, 8, 9, 10] * 40, [3]]
     kwargs = {"dtype": "bfloat16", "max_model_len": 512, "device": "cuda", "enforce_eager": mode == "eager",
               "attention_backend": "triton"}
-    # bf16 on CUDA routes tuned shapes to the GEMV; the tiny model's are not tuned, so make every linear route
-    monkeypatch.setattr(gemv, "is_tuned", lambda _n, _k: True)
-    monkeypatch.setattr(gemv, "config_for", lambda m, n, k: gemv.default_config(n, k, torch.device("cuda"))
+    # bf16 on CUDA routes the GEMV's shapes to it (tuned, or untuned at 1-2 tokens); make every linear route, with
+    # default_config up to 4 tokens
+    monkeypatch.setattr(gemv, "serves", lambda _n, _k: True)
+    monkeypatch.setattr(gemv, "config_for", lambda m, n, k, device=None: gemv.default_config(n, k, torch.device("cuda"))
                         if m <= 4 else None)
     tokens = greedy_tokens_off_and_on(monkeypatch, pdl, "ENABLED", model_dir, prompts, 24, **kwargs)
     assert tokens[0] == tokens[1]
