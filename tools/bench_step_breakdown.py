@@ -258,6 +258,14 @@ def speculative_config(args: argparse.Namespace) -> dict[str, Any] | None:
     return spec
 
 
+def _max_positions(model: str) -> int | None:
+    """The model's max_position_embeddings from its config.json, None where it does not say."""
+    try:
+        return int(json.loads((Path(model) / "config.json").read_text())["max_position_embeddings"])
+    except (OSError, KeyError, TypeError, ValueError):
+        return None
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=bench_common.DEFAULT_MODEL)
@@ -285,7 +293,14 @@ def main() -> None:
     probe_before, busy_before = interpreter_probe(device), busy_while_idle()
     k = 0 if spec is None else args.num_speculative_tokens
     decode_steps = args.steps * (2 if args.cprofile else 1) + args.profile_steps + 24  # --cprofile times them twice
-    llm = LLM(model=args.model, device=str(device), max_model_len=args.prompt_len + (1 + k) * decode_steps + 32,
+    max_len = args.prompt_len + (1 + k) * decode_steps + 32
+    limit = _max_positions(args.model)
+    if limit is not None and max_len > limit:  # (a speculative step writes 1 + k positions)
+        fit = (limit - args.prompt_len - 32) // (1 + k) - 24
+        raise SystemExit(f"--prompt-len {args.prompt_len} and {decode_steps - 24} decode steps of {1 + k} positions "
+                         f"need max_model_len {max_len}, over the model's {limit}: lower --steps and --profile-steps "
+                         f"(together at most {fit}{', --steps counted twice with --cprofile' if args.cprofile else ''})")
+    llm = LLM(model=args.model, device=str(device), max_model_len=max_len,
               max_num_seqs=max(8, args.batch), enforce_eager=args.enforce_eager, speculative_config=spec)
     vocab = min(bench_common.PROMPT_VOCAB, llm.engine.config.model.vocab_size)
     prompts = bench_common.random_prompts(args.batch, args.prompt_len, args.prompt_len, vocab=vocab)

@@ -96,7 +96,7 @@ proposers() {
 train_target() {
   T 330 python3 tools/train_demo_model.py train --data data/cache/demo_corpus --out /tmp/target \
     --minutes "${TARGET_MINUTES:-4}" --hidden "${TARGET_HIDDEN:-1024}" --layers "${TARGET_LAYERS:-24}" \
-    --heads 16 --kv-heads 8 > "$R/train_target.log" 2>&1
+    --heads "${TARGET_HEADS:-16}" --kv-heads "${TARGET_KV_HEADS:-8}" > "$R/train_target.log" 2>&1
 }
 # spec_b1 LIMIT METHOD DRAFT NAME: batch-1 TPOT and acceptance per draft position on held-out text for the proposer
 # against /tmp/target alone at each k of SPEC_KS, 8 passages, the engines timed in turns, into $R/NAME.{json,log}
