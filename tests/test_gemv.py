@@ -385,6 +385,12 @@ def test_sweep_shapes_take_name_parts_and_explicit_weights() -> None:
     assert select_shapes("o 2048, 2048x1024") == {"o 2048->1024": (1024, 2048), "2048x1024": (2048, 1024)}
     with pytest.raises(SystemExit, match="'qvk'"):
         select_shapes("qkv,qvk")
+    # a model's own layers (the demo model: hidden 256, 8 heads of 64, 4 KV heads, intermediate 768, vocab 4096)
+    demo = Path(__file__).resolve().parents[1] / "graphrunner" / "demo_model"
+    assert sorted(select_shapes(f"model:{demo}").values()) == [(256, 512), (256, 768), (1024, 256), (1536, 256),
+                                                                (4096, 256)]
+    with pytest.raises(SystemExit, match="cannot read the layer shapes"):
+        select_shapes(f"model:{demo / 'missing'}")
 
 
 def test_is_tuned_is_marked_constant_as_torch_marks_it() -> None:

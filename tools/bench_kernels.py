@@ -47,15 +47,36 @@ QWEN3_06B_SHAPES: dict[str, tuple[int, int]] = {  # name -> (N, K) of W [N, K]
 }
 
 
+def model_shapes(model_dir: str) -> dict[str, tuple[int, int]]:
+    """The decoder's linear weights [N, K] from a HF config.json (one GPU, no tensor parallelism): fused qkv, o,
+    fused gate_up, down and the LM head."""
+    path = Path(model_dir) / "config.json"
+    try:
+        c = json.loads(path.read_text())
+        h, heads, inter, vocab = (int(c[key]) for key in ("hidden_size", "num_attention_heads", "intermediate_size",
+                                                           "vocab_size"))
+        kv = int(c.get("num_key_value_heads") or heads)
+        d = int(c.get("head_dim") or h // heads)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise SystemExit(f"--shapes model:{model_dir}: cannot read the layer shapes from {path}: {exc}") from exc
+    return {f"model qkv {h}->{(heads + 2 * kv) * d}": ((heads + 2 * kv) * d, h),
+            f"model o {heads * d}->{h}": (h, heads * d), f"model gate_up {h}->{2 * inter}": (2 * inter, h),
+            f"model down {inter}->{h}": (h, inter), f"model lm_head {h}->{vocab}": (vocab, h)}
+
+
 def select_shapes(spec: str) -> dict[str, tuple[int, int]]:
-    """--shapes: comma-separated parts, each a part of a QWEN3_06B_SHAPES name or an explicit "NxK" weight (another
-    model's layer, e.g. the trained spec target's qkv 2048x1024); empty: every 0.6B shape."""
+    """--shapes: comma-separated parts, each a part of a QWEN3_06B_SHAPES name, an explicit "NxK" weight (another
+    model's layer, e.g. the trained spec target's qkv 2048x1024) or "model:DIR" (that model's layers and LM head,
+    model_shapes); empty: every 0.6B shape."""
     parts = [p.strip() for p in spec.split(",") if p.strip()] or [""]
     shapes: dict[str, tuple[int, int]] = {}
     for part in parts:
         m = re.fullmatch(r"(\d+)x(\d+)", part)
         if m:
             shapes[part] = (int(m.group(1)), int(m.group(2)))
+            continue
+        if part.startswith("model:"):
+            shapes.update(model_shapes(part.removeprefix("model:")))
             continue
         found = {name: nk for name, nk in QWEN3_06B_SHAPES.items() if part in name}
         if not found:
@@ -280,8 +301,8 @@ def main() -> None:
     ap.add_argument("--loop-from-table", action="store_true",
                     help="with --sweep: the row loop of a shape already in the tuned table is its config there (only "
                     "the tensor-core configs are swept for it)")
-    ap.add_argument("--shapes", default="", help="comma-separated name parts or NxK weights: only those GEMV shapes "
-                    "(e.g. qkv,o 2048 or 2048x1024)")
+    ap.add_argument("--shapes", default="", help="comma-separated name parts, NxK weights or model:DIR (a model's "
+                    "layers and LM head): only those GEMV shapes (e.g. qkv,o 2048 or 2048x1024 or model:/path/to/model)")
     ap.add_argument("--tuned-out", default=None,
                     help="with --sweep: write the best configs here (commit as graphrunner/models/gemv_configs.json)")
     ap.add_argument("--only", choices=("sampler", "gemv"), default=None)
