@@ -55,6 +55,7 @@
 #                                       # plain and verify step breakdowns
 #   bash tools/gpu_checks.sh final26    # eager fast paths and GPU engine/capture/spec tests, L1/L2 default vs uncompiled
 #   bash tools/gpu_checks.sh untuned    # the heuristic row loop for untuned shapes vs cuBLAS, L1 on/off (0.6B, 1.7B), tests
+#   bash tools/gpu_checks.sh verify26   # the narrowed untuned rule: GEMV/PDL/GEMV-engine/0.6B tests on CUDA, L1 on/off
 #   bash tools/gpu_checks.sh serve      # offline L1 and T1, then SV1 with the engine loop in a process (needs .whl/)
 #   bash tools/gpu_checks.sh serve-thread  # SV1 with the loop in a thread of the server (the old layout)
 #   bash tools/gpu_checks.sh tp         # on nvidia-h200-x2: TP tests (each test logged as it runs)
@@ -65,7 +66,7 @@
 # limit so the last phase still ends (and is tarred) inside the device call:
 #   DEADLINE=560 bash tools/gpu_checks.sh tests-a tests-b
 set -u
-[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-pair-table | spec-unroll | spec-why | spec-demo | spec-b64 | spec-b64-host | spec-diag | host-probe | small-mixed | spec16c | spec-cost | spec-table | rej | spec16 | spec16b | gemv | gemv-swap | gemv-pf | gemv-engine | final24 | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | final15 | attn-spills | attn-best | p1-rows | bench2 | sizes-tests | sizes-t1 | l2-table | startup | uncompiled | uncompiled-s1 | pair26 | pair26b | final26 | untuned | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-pair-table | spec-unroll | spec-why | spec-demo | spec-b64 | spec-b64-host | spec-diag | host-probe | small-mixed | spec16c | spec-cost | spec-table | rej | spec16 | spec16b | gemv | gemv-swap | gemv-pf | gemv-engine | final24 | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | final15 | attn-spills | attn-best | p1-rows | bench2 | sizes-tests | sizes-t1 | l2-table | startup | uncompiled | uncompiled-s1 | pair26 | pair26b | final26 | untuned | verify26 | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
 OUT=${OUT:-/tmp/out}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 END=$(( $(date +%s) + ${DEADLINE:-100000} ))
@@ -838,6 +839,26 @@ untuned)
   echo "pytest rc=$?" >> "$R/pytest_gemv.log"
   T 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu_engine.py -k "06b" > "$R/pytest_gpu.log" 2>&1
   echo "pytest rc=$?" >> "$R/pytest_gpu.log"
+  ;;
+verify26)
+  # what the twenty-sixth session could not run: the narrowed untuned rule (one token where K <= 8192, two up to
+  # 4096 x 2048 elements) under the GEMV, PDL and GEMV-engine tests on CUDA and the 0.6B bf16 parity tests, then L1
+  # on the 0.6B and Qwen3-1.7B shapes with the rule on and off
+  model &
+  [ -d /tmp/q17 ] || python3 tools/make_bench_model.py --out /tmp/q17 --hidden 2048 --intermediate 6144 \
+    --tokenizer > "$R/make_q17.log" 2>&1 &
+  wait
+  T 240 python3 -m pytest -q -p no:cacheprovider --durations=5 tests/test_gemv.py tests/test_pdl.py \
+    tests/test_gpu_gemv_engine.py > "$R/pytest_gemv.log" 2>&1
+  echo "pytest rc=$?" >> "$R/pytest_gemv.log"
+  T 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu_engine.py -k "06b" > "$R/pytest_gpu.log" 2>&1
+  echo "pytest rc=$?" >> "$R/pytest_gpu.log"
+  for m in q06 q17; do
+    for u in 1 0; do
+      GRAPHRUNNER_GEMV_UNTUNED=$u T 100 python3 tools/bench_latency.py --model /tmp/$m --no-peer --workloads L1 \
+        --json "$R/l1_${m}_u$u.json" > "$R/l1_${m}_u$u.log" 2>&1
+    done
+  done
   ;;
 uncompiled-s1)
   model
