@@ -1,6 +1,7 @@
-"""Linear layers: `linear` (cuBLAS, or the small-M Triton GEMV of models/gemv.py for the weight shapes whose
-measured H200 config is in gemv_configs.json; docs/DECISIONS.md), `Linear` (nn.Linear that calls it) and
-`MergedLinear`, whose output is several HF projections stacked along the output dimension.
+"""Linear layers: `linear` (cuBLAS, or the small-M Triton GEMV of models/gemv.py: the shapes in gemv_configs.json
+at the token counts their measured H200 configs serve, other shapes at one or two tokens; docs/DECISIONS.md),
+`Linear` (nn.Linear that calls it) and `MergedLinear`, whose output is several HF projections stacked along the
+output dimension.
 
 `output_sizes` records the stacked pieces in order, so the loader can copy each checkpoint shard
 (`q_proj`, `k_proj`, `v_proj` or `gate_proj`, `up_proj`) into its slice of the fused weight/bias.
@@ -20,8 +21,8 @@ from graphrunner.models.norm import RMSNorm, rms_norm_any
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x [..., K] @ weight [N, K]^T (+ bias [N]) -> [..., N]. A weight with a tuned GEMV config goes through the
-    opaque op `graphrunner::small_m_linear`, which picks the GEMV or cuBLAS from the token count at run time."""
+    """x [..., K] @ weight [N, K]^T (+ bias [N]) -> [..., N]. A weight the GEMV serves (`gemv.serves`) goes through
+    the opaque op `graphrunner::small_m_linear`, which picks the GEMV or cuBLAS from the token count at run time."""
     if x.dim() == 2 and routes_to_gemv(weight):
         return gemv.small_m_linear(x, weight, bias)
     return F.linear(x, weight, bias)
