@@ -106,6 +106,18 @@ spec_b1() {
     --workloads text --text-ids data/cache/demo_corpus/val.npy --batch-sizes 1 --k "${SPEC_KS:-2,3,4}" --interleave \
     --json "$R/$4.json" > "$R/$4.log" 2>&1
 }
+# q17: the Qwen3-1.7B-shaped bench model in /tmp/q17 (hidden 2048, intermediate 6144, 28 layers)
+q17() { [ -d /tmp/q17 ] || python3 tools/make_bench_model.py --out /tmp/q17 --hidden 2048 --intermediate 6144 \
+  --tokenizer > "$R/make_q17.log" 2>&1; }
+# l1_untuned: L1 on the 0.6B and 1.7B shapes with GRAPHRUNNER_GEMV_UNTUNED on, then off, into $R/l1_MODEL_uN.*
+l1_untuned() {
+  for m in q06 q17; do
+    for u in 1 0; do
+      GRAPHRUNNER_GEMV_UNTUNED=$u T 100 python3 tools/bench_latency.py --model /tmp/$m --no-peer --workloads L1 \
+        --json "$R/l1_${m}_u$u.json" > "$R/l1_${m}_u$u.log" 2>&1
+    done
+  done
+}
 wheels() {
   [ -d /tmp/site/fastapi ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl
@@ -821,19 +833,13 @@ untuned)
   # off on the 0.6B shape (its LM head is the one untuned weight) and on the Qwen3-1.7B shape, then the GEMV kernel
   # tests and the GEMV / 0.6B GPU engine tests with the switch on (the default)
   model &
-  [ -d /tmp/q17 ] || python3 tools/make_bench_model.py --out /tmp/q17 --hidden 2048 --intermediate 6144 \
-    --tokenizer > "$R/make_q17.log" 2>&1 &
+  q17 &
   wait
   T 150 python3 tools/bench_kernels.py --only gemv --ms 1,2,3,4 --shapes "${UNTUNED_SHAPES:-4096x2048,2048x2048,\
 12288x2048,2048x6144,6144x2560,2560x4096,19456x2560,2560x9728,6144x4096,4096x4096,24576x4096,4096x12288,28672x4096,\
 4096x14336,3072x2048,16384x2048,2048x8192,151936x1024,151936x2048,128256x4096,1024x256,256x512,1536x256,256x768,\
 4096x256}" --json "$R/bench_untuned.json" > "$R/bench_untuned.log" 2>&1
-  for m in q06 q17; do
-    for u in 1 0; do
-      GRAPHRUNNER_GEMV_UNTUNED=$u T 100 python3 tools/bench_latency.py --model /tmp/$m --no-peer --workloads L1 \
-        --json "$R/l1_${m}_u$u.json" > "$R/l1_${m}_u$u.log" 2>&1
-    done
-  done
+  l1_untuned
   T 200 python3 -m pytest -q -p no:cacheprovider --durations=5 tests/test_gemv.py tests/test_gpu_gemv_engine.py \
     > "$R/pytest_gemv.log" 2>&1
   echo "pytest rc=$?" >> "$R/pytest_gemv.log"
@@ -845,20 +851,14 @@ verify26)
   # 4096 x 2048 elements) under the GEMV, PDL and GEMV-engine tests on CUDA and the 0.6B bf16 parity tests, then L1
   # on the 0.6B and Qwen3-1.7B shapes with the rule on and off
   model &
-  [ -d /tmp/q17 ] || python3 tools/make_bench_model.py --out /tmp/q17 --hidden 2048 --intermediate 6144 \
-    --tokenizer > "$R/make_q17.log" 2>&1 &
+  q17 &
   wait
   T 240 python3 -m pytest -q -p no:cacheprovider --durations=5 tests/test_gemv.py tests/test_pdl.py \
     tests/test_gpu_gemv_engine.py > "$R/pytest_gemv.log" 2>&1
   echo "pytest rc=$?" >> "$R/pytest_gemv.log"
   T 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu_engine.py -k "06b" > "$R/pytest_gpu.log" 2>&1
   echo "pytest rc=$?" >> "$R/pytest_gpu.log"
-  for m in q06 q17; do
-    for u in 1 0; do
-      GRAPHRUNNER_GEMV_UNTUNED=$u T 100 python3 tools/bench_latency.py --model /tmp/$m --no-peer --workloads L1 \
-        --json "$R/l1_${m}_u$u.json" > "$R/l1_${m}_u$u.log" 2>&1
-    done
-  done
+  l1_untuned
   ;;
 uncompiled-s1)
   model

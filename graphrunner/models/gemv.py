@@ -26,7 +26,7 @@ from graphrunner.env import env_choice
 from graphrunner.kernel_checks import check_tensor, zeroed_counters
 from graphrunner.kernel_checks import num_sms as _num_sms
 from graphrunner.models.activation import silu_mul, silu_mul_ref, silu_mul_triton
-from graphrunner.models.norm import normed_tile, rms_norm, rms_norm_triton
+from graphrunner.models.norm import normed_tile, rms_norm_any
 from graphrunner.opaque import opaque_op
 from graphrunner.pdl import pdl_launch_dependents, pdl_wait, use_pdl
 
@@ -131,7 +131,12 @@ def untuned_max_m(n: int, k: int) -> int:
 def untuned_config(n: int, k: int, device: torch.device | None = None) -> GemvConfig:
     """default_config's row loop for up to untuned_max_m tokens of a shape without a table entry (at least one)."""
     dev = device if device is not None else torch.device("cuda", torch.cuda.current_device())
-    return dataclasses.replace(_heuristic_config(n, k, _num_sms(dev)), max_m=max(1, untuned_max_m(n, k)))
+    return _untuned_config(n, k, _num_sms(dev))
+
+
+@functools.cache  # (eager steps ask per call)
+def _untuned_config(n: int, k: int, sms: int) -> GemvConfig:
+    return dataclasses.replace(_heuristic_config(n, k, sms), max_m=max(1, untuned_max_m(n, k)))
 
 
 @functools.cache
@@ -462,7 +467,7 @@ def _(gate_up: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
 
 def small_m_norm_linear(x: Tensor, norm_weight: Tensor, eps: float, weight: Tensor, bias: Tensor | None) -> Tensor:
     """linear(rms_norm(x)) for x [M, K] -> [M, N]: the GEMV with the norm in its prologue where a tuned config
-    serves M, else one RMSNorm launch (rms_norm_triton on CUDA) and F.linear."""
+    serves M, else the norm (rms_norm_any: one launch on CUDA) and F.linear."""
     if torch.compiler.is_compiling():
         return torch.ops.graphrunner.small_m_norm_linear(x, norm_weight, eps, weight, bias)
     return _small_m_norm_linear(x, norm_weight, eps, weight, bias)
@@ -473,8 +478,7 @@ def _small_m_norm_linear(x: Tensor, norm_weight: Tensor, eps: float, weight: Ten
         else None
     if config is not None and x.dtype in _DTYPES:
         return gemv_triton(x, weight, bias, config, norm=(norm_weight, eps))
-    normed = rms_norm_triton(x, norm_weight, eps) if x.device.type == "cuda" else rms_norm(x, norm_weight, eps)
-    return F.linear(normed, weight, bias)
+    return F.linear(rms_norm_any(x, norm_weight, eps), weight, bias)
 
 
 @opaque_op("small_m_norm_linear", _small_m_norm_linear).register_fake
