@@ -56,6 +56,7 @@
 #   bash tools/gpu_checks.sh final26    # eager fast paths and GPU engine/capture/spec tests, L1/L2 default vs uncompiled
 #   bash tools/gpu_checks.sh untuned    # the heuristic row loop for untuned shapes vs cuBLAS, L1 on/off (0.6B, 1.7B), tests
 #   bash tools/gpu_checks.sh verify26   # the narrowed untuned rule: GEMV/PDL/GEMV-engine/0.6B tests on CUDA, L1 on/off
+#   bash tools/gpu_checks.sh verify27 sweep17  # verify26 trimmed; the 1.7B shapes swept, L1/L2 on them
 #   bash tools/gpu_checks.sh serve      # offline L1 and T1, then SV1 with the engine loop in a process (needs .whl/)
 #   bash tools/gpu_checks.sh serve-thread  # SV1 with the loop in a thread of the server (the old layout)
 #   bash tools/gpu_checks.sh tp         # on nvidia-h200-x2: TP tests (each test logged as it runs)
@@ -66,7 +67,7 @@
 # limit so the last phase still ends (and is tarred) inside the device call:
 #   DEADLINE=560 bash tools/gpu_checks.sh tests-a tests-b
 set -u
-[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-pair-table | spec-unroll | spec-why | spec-demo | spec-b64 | spec-b64-host | spec-diag | host-probe | small-mixed | spec16c | spec-cost | spec-table | rej | spec16 | spec16b | gemv | gemv-swap | gemv-pf | gemv-engine | final24 | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | final15 | attn-spills | attn-best | p1-rows | bench2 | sizes-tests | sizes-t1 | l2-table | startup | uncompiled | uncompiled-s1 | pair26 | pair26b | final26 | untuned | verify26 | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-pair-table | spec-unroll | spec-why | spec-demo | spec-b64 | spec-b64-host | spec-diag | host-probe | small-mixed | spec16c | spec-cost | spec-table | rej | spec16 | spec16b | gemv | gemv-swap | gemv-pf | gemv-engine | final24 | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | final15 | attn-spills | attn-best | p1-rows | bench2 | sizes-tests | sizes-t1 | l2-table | startup | uncompiled | uncompiled-s1 | pair26 | pair26b | final26 | untuned | verify26 | verify27 | sweep17 | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
 OUT=${OUT:-/tmp/out}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 END=$(( $(date +%s) + ${DEADLINE:-100000} ))
@@ -859,6 +860,33 @@ verify26)
   T 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu_engine.py -k "06b" > "$R/pytest_gpu.log" 2>&1
   echo "pytest rc=$?" >> "$R/pytest_gpu.log"
   l1_untuned
+  ;;
+verify27)
+  # verify26 without the rule-off L1 runs (the twenty-sixth session's run 4 timed cuBLAS for those shapes)
+  model &
+  q17 &
+  wait
+  T 240 python3 -m pytest -q -p no:cacheprovider --durations=5 tests/test_gemv.py tests/test_pdl.py \
+    tests/test_gpu_gemv_engine.py > "$R/pytest_gemv.log" 2>&1
+  echo "pytest rc=$?" >> "$R/pytest_gemv.log"
+  T 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu_engine.py -k "06b" > "$R/pytest_gpu.log" 2>&1
+  echo "pytest rc=$?" >> "$R/pytest_gpu.log"
+  for m in q06 q17; do
+    T 100 python3 tools/bench_latency.py --model /tmp/$m --no-peer --workloads L1 --json "$R/l1_${m}_u1.json" \
+      > "$R/l1_${m}_u1.log" 2>&1
+  done
+  ;;
+sweep17)
+  # the Qwen3-1.7B layer shapes (also issue 16's hidden-2048 target with 32 heads, 16 KV heads of 64, and its LM
+  # head: 4096 x 2048) swept at M = 1-8 into a copy of the shipped table, then L1/L2 on the 1.7B shape with it
+  q17
+  cp graphrunner/models/gemv_configs.json /tmp/gemv_17.json
+  T "${SWEEP_LIMIT:-260}" python3 tools/bench_kernels.py --only gemv --sweep \
+    --shapes "${GEMV_SHAPES:-12288x2048,2048x6144,4096x2048,2048x2048}" --ms 1,2,4,5,8 \
+    --tuned-out /tmp/gemv_17.json --json "$R/bench_gemv17.json" > "$R/bench_gemv17.log" 2>&1
+  cp /tmp/gemv_17.json "$R/gemv_17.json"
+  GRAPHRUNNER_GEMV_CONFIGS=/tmp/gemv_17.json T 130 python3 tools/bench_latency.py --model /tmp/q17 --no-peer \
+    --workloads L1,L2 --batch-sizes 8 --json "$R/lat17_swept.json" > "$R/lat17_swept.log" 2>&1
   ;;
 uncompiled-s1)
   model
