@@ -57,6 +57,7 @@
 #   bash tools/gpu_checks.sh untuned    # the heuristic row loop for untuned shapes vs cuBLAS, L1 on/off (0.6B, 1.7B), tests
 #   bash tools/gpu_checks.sh verify26   # the narrowed untuned rule: GEMV/PDL/GEMV-engine/0.6B tests on CUDA, L1 on/off
 #   bash tools/gpu_checks.sh verify27 sweep17  # verify26 trimmed; the 1.7B shapes swept, L1/L2 on them
+#   bash tools/gpu_checks.sh pair27     # issue 16: a hidden-2048 target and its EAGLE head, EAGLE k = 4; then pair27b
 #   bash tools/gpu_checks.sh serve      # offline L1 and T1, then SV1 with the engine loop in a process (needs .whl/)
 #   bash tools/gpu_checks.sh serve-thread  # SV1 with the loop in a thread of the server (the old layout)
 #   bash tools/gpu_checks.sh tp         # on nvidia-h200-x2: TP tests (each test logged as it runs)
@@ -67,7 +68,7 @@
 # limit so the last phase still ends (and is tarred) inside the device call:
 #   DEADLINE=560 bash tools/gpu_checks.sh tests-a tests-b
 set -u
-[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-pair-table | spec-unroll | spec-why | spec-demo | spec-b64 | spec-b64-host | spec-diag | host-probe | small-mixed | spec16c | spec-cost | spec-table | rej | spec16 | spec16b | gemv | gemv-swap | gemv-pf | gemv-engine | final24 | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | final15 | attn-spills | attn-best | p1-rows | bench2 | sizes-tests | sizes-t1 | l2-table | startup | uncompiled | uncompiled-s1 | pair26 | pair26b | final26 | untuned | verify26 | verify27 | sweep17 | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-pair-table | spec-unroll | spec-why | spec-demo | spec-b64 | spec-b64-host | spec-diag | host-probe | small-mixed | spec16c | spec-cost | spec-table | rej | spec16 | spec16b | gemv | gemv-swap | gemv-pf | gemv-engine | final24 | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | final15 | attn-spills | attn-best | p1-rows | bench2 | sizes-tests | sizes-t1 | l2-table | startup | uncompiled | uncompiled-s1 | pair26 | pair26b | final26 | untuned | verify26 | verify27 | sweep17 | pair27 | pair27b | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
 OUT=${OUT:-/tmp/out}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 END=$(( $(date +%s) + ${DEADLINE:-100000} ))
@@ -882,6 +883,28 @@ sweep17)
   wait
   GRAPHRUNNER_GEMV_CONFIGS=/tmp/gemv_17.json T 130 python3 tools/bench_latency.py --model /tmp/q17 --no-peer \
     --workloads L1,L2 --batch-sizes 8 --json "$R/lat17_swept.json" > "$R/lat17_swept.log" 2>&1
+  ;;
+pair27)
+  # issue 16 on a target whose layers read their weights at about the bandwidth floor: hidden 2048 with 32 heads and
+  # 16 KV heads of 64 (the Qwen3-1.7B layer shapes, swept by sweep17), TARGET_LAYERS deep; its EAGLE head; EAGLE at
+  # k = 4 against the target alone. Carry data/cache/demo_corpus; run pair27b next while the machine is warm
+  export TARGET_HIDDEN=${TARGET_HIDDEN:-2048} TARGET_HEADS=${TARGET_HEADS:-32} TARGET_KV_HEADS=${TARGET_KV_HEADS:-16}
+  export TARGET_LAYERS=${TARGET_LAYERS:-16} TARGET_MINUTES=${TARGET_MINUTES:-3.5}
+  train_target
+  T 200 python3 tools/train_demo_model.py train-eagle --data data/cache/demo_corpus --target /tmp/target \
+    --out /tmp/eagle --max-steps "${EAGLE_STEPS:-1500}" --minutes "${EAGLE_MINUTES:-2}" > "$R/train_eagle.log" 2>&1
+  SPEC_KS=${SPEC_KS:-4} spec_b1 150 eagle /tmp/eagle spec_eagle
+  ;;
+pair27b)
+  # the pair27 pair, continued: the draft model (the shipped demo model) at k = 3, 4, EAGLE at k = 3, then where a
+  # plain step and a k = 4 EAGLE verify step spend their time (within the target's 1,024 positions)
+  SPEC_KS=3,4 spec_b1 200 draft_model graphrunner/demo_model spec_draft
+  SPEC_KS=3 spec_b1 120 eagle /tmp/eagle spec_eagle_k3
+  T 90 python3 tools/bench_step_breakdown.py --model /tmp/target --steps 40 --profile-steps 100 \
+    --json "$R/step_plain.json" > "$R/step_plain.log" 2>&1
+  T 90 python3 tools/bench_step_breakdown.py --model /tmp/target --steps 32 --profile-steps 60 \
+    --speculative-method eagle --draft-model /tmp/eagle --num-speculative-tokens 4 --json "$R/step_eagle.json" \
+    > "$R/step_eagle.log" 2>&1
   ;;
 uncompiled-s1)
   model
