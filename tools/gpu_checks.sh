@@ -890,6 +890,8 @@ pair27)
   # k = 4 against the target alone. Carry data/cache/demo_corpus; run pair27b next while the machine is warm
   export TARGET_HIDDEN=${TARGET_HIDDEN:-2048} TARGET_HEADS=${TARGET_HEADS:-32} TARGET_KV_HEADS=${TARGET_KV_HEADS:-16}
   export TARGET_LAYERS=${TARGET_LAYERS:-16} TARGET_MINUTES=${TARGET_MINUTES:-3.5}
+  # the table with the 1.7B shapes sweep17 left on this machine, where it ran (the target's layers use them)
+  [ -f /tmp/gemv_17.json ] && export GRAPHRUNNER_GEMV_CONFIGS=/tmp/gemv_17.json
   train_target
   T 200 python3 tools/train_demo_model.py train-eagle --data data/cache/demo_corpus --target /tmp/target \
     --out /tmp/eagle --max-steps "${EAGLE_STEPS:-1500}" --minutes "${EAGLE_MINUTES:-2}" > "$R/train_eagle.log" 2>&1
@@ -898,6 +900,8 @@ pair27)
 pair27b)
   # the pair27 pair, continued: the draft model (the shipped demo model) at k = 3, 4, EAGLE at k = 3, then where a
   # plain step and a k = 4 EAGLE verify step spend their time (within the target's 1,024 positions)
+  # the table with the 1.7B shapes sweep17 left on this machine, where it ran (the target's layers use them)
+  [ -f /tmp/gemv_17.json ] && export GRAPHRUNNER_GEMV_CONFIGS=/tmp/gemv_17.json
   SPEC_KS=3,4 spec_b1 200 draft_model graphrunner/demo_model spec_draft
   SPEC_KS=3 spec_b1 120 eagle /tmp/eagle spec_eagle_k3
   T 90 python3 tools/bench_step_breakdown.py --model /tmp/target --steps 40 --profile-steps 100 \
