@@ -68,7 +68,7 @@
 # limit so the last phase still ends (and is tarred) inside the device call:
 #   DEADLINE=560 bash tools/gpu_checks.sh tests-a tests-b
 set -u
-[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-pair-table | spec-unroll | spec-why | spec-demo | spec-b64 | spec-b64-host | spec-diag | host-probe | small-mixed | spec16c | spec-cost | spec-table | rej | spec16 | spec16b | gemv | gemv-swap | gemv-pf | gemv-engine | final24 | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | final15 | attn-spills | attn-best | p1-rows | bench2 | sizes-tests | sizes-t1 | l2-table | startup | uncompiled | uncompiled-s1 | pair26 | pair26b | final26 | untuned | verify26 | verify27 | sweep17 | pair27 | pair27b | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-pair-table | spec-unroll | spec-why | spec-demo | spec-b64 | spec-b64-host | spec-diag | host-probe | small-mixed | spec16c | spec-cost | spec-table | rej | spec16 | spec16b | gemv | gemv-swap | gemv-pf | gemv-engine | final24 | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | final15 | attn-spills | attn-best | p1-rows | bench2 | sizes-tests | sizes-t1 | l2-table | startup | uncompiled | uncompiled-s1 | pair26 | pair26b | final26 | untuned | verify26 | verify27 | sweep17 | pair27 | pair27b | l1-17 | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
 OUT=${OUT:-/tmp/out}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 END=$(( $(date +%s) + ${DEADLINE:-100000} ))
@@ -909,6 +909,23 @@ pair27b)
   T 90 python3 tools/bench_step_breakdown.py --model /tmp/target --steps 32 --profile-steps 60 \
     --speculative-method eagle --draft-model /tmp/eagle --num-speculative-tokens 4 --json "$R/step_eagle.json" \
     > "$R/step_eagle.log" 2>&1
+  ;;
+l1-17)
+  # L1 on the Qwen3-1.7B shape with the committed table (its layer shapes swept, sweep17) and without those four
+  # rows (the untuned rule's row loop at M = 1), in turns: new, old, new
+  q17
+  python3 - <<'PY'
+import json
+rows = json.load(open("graphrunner/models/gemv_configs.json"))
+old = [r for r in rows if (r["N"], r["K"]) not in {(12288, 2048), (2048, 6144), (4096, 2048), (2048, 2048)}]
+json.dump(old, open("/tmp/gemv_no17.json", "w"))
+PY
+  for t in new old new; do
+    [ $t = old ] && export GRAPHRUNNER_GEMV_CONFIGS=/tmp/gemv_no17.json || unset GRAPHRUNNER_GEMV_CONFIGS
+    T 70 python3 tools/bench_latency.py --model /tmp/q17 --no-peer --workloads L1 --json "$R/l1_$t.json" \
+      >> "$R/l1_$t.log" 2>&1
+  done
+  unset GRAPHRUNNER_GEMV_CONFIGS
   ;;
 uncompiled-s1)
   model
