@@ -53,16 +53,16 @@ def test_start_poll_and_graceful_stop(stub: list[str], tmp_path: Path) -> None:
     assert "stub listening" in server.log_tail()
 
 
-def test_stop_kills_after_the_grace_period(stub: list[str]) -> None:
-    server = start_server([], {"STUB_MODE": "stubborn"}, timeout_s=30, command=stub)
+def test_stop_kills_after_the_grace_period(stub: list[str], tmp_path: Path) -> None:
+    server = start_server([], {"STUB_MODE": "stubborn"}, timeout_s=30, log_dir=tmp_path, command=stub)
     assert server.stop(timeout_s=0.5) == -9
 
 
-def test_early_exit_raises_with_the_log(stub: list[str]) -> None:
+def test_early_exit_raises_with_the_log(stub: list[str], tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match=r"exited with 3(.|\n)*boom on stderr"):
-        start_server([], {"STUB_MODE": "exit"}, timeout_s=30, command=stub)
+        start_server([], {"STUB_MODE": "exit"}, timeout_s=30, log_dir=tmp_path, command=stub)
 
 
-def test_no_health_within_the_timeout(stub: list[str]) -> None:
+def test_no_health_within_the_timeout(stub: list[str], tmp_path: Path) -> None:
     with pytest.raises(TimeoutError, match="did not answer GET /health within 1.0 s"):
-        start_server([], {"STUB_MODE": "never"}, timeout_s=1.0, command=stub)
+        start_server([], {"STUB_MODE": "never"}, timeout_s=1.0, log_dir=tmp_path, command=stub)
