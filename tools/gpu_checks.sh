@@ -58,6 +58,7 @@
 #   bash tools/gpu_checks.sh verify26   # the narrowed untuned rule: GEMV/PDL/GEMV-engine/0.6B tests on CUDA, L1 on/off
 #   bash tools/gpu_checks.sh verify27 sweep17  # verify26 trimmed; the 1.7B shapes swept, L1/L2 on them
 #   bash tools/gpu_checks.sh pair27     # issue 16: a hidden-2048 target and its EAGLE head, EAGLE k = 4; then pair27b
+#   bash tools/gpu_checks.sh l1-17      # L1 on the 1.7B shape with and without its swept table rows, in turns
 #   bash tools/gpu_checks.sh serve      # offline L1 and T1, then SV1 with the engine loop in a process (needs .whl/)
 #   bash tools/gpu_checks.sh serve-thread  # SV1 with the loop in a thread of the server (the old layout)
 #   bash tools/gpu_checks.sh tp         # on nvidia-h200-x2: TP tests (each test logged as it runs)
@@ -886,7 +887,7 @@ sweep17)
   ;;
 pair27)
   # issue 16 on a target whose layers read their weights at about the bandwidth floor: hidden 2048 with 32 heads and
-  # 16 KV heads of 64 (the Qwen3-1.7B layer shapes, swept by sweep17), TARGET_LAYERS deep; its EAGLE head; EAGLE at
+  # 16 KV heads of 64 (the Qwen3-1.7B layer shapes, in the committed table since sweep17), TARGET_LAYERS deep; its EAGLE head; EAGLE at
   # k = 4 against the target alone. Carry data/cache/demo_corpus; run pair27b next while the machine is warm
   export TARGET_HIDDEN=${TARGET_HIDDEN:-2048} TARGET_HEADS=${TARGET_HEADS:-32} TARGET_KV_HEADS=${TARGET_KV_HEADS:-16}
   export TARGET_LAYERS=${TARGET_LAYERS:-16} TARGET_MINUTES=${TARGET_MINUTES:-3.5}
