@@ -887,8 +887,9 @@ sweep17)
   ;;
 pair27)
   # issue 16 on a target whose layers read their weights at about the bandwidth floor: hidden 2048 with 32 heads and
-  # 16 KV heads of 64 (the Qwen3-1.7B layer shapes, in the committed table since sweep17), TARGET_LAYERS deep; its EAGLE head; EAGLE at
-  # k = 4 against the target alone. Carry data/cache/demo_corpus; run pair27b next while the machine is warm
+  # 16 KV heads of 64 (the Qwen3-1.7B layer shapes, in the committed table since sweep17), TARGET_LAYERS deep; its
+  # EAGLE head; EAGLE at k = 4 against the target alone. Carry data/cache/demo_corpus; run pair27b next while the
+  # machine is warm
   export TARGET_HIDDEN=${TARGET_HIDDEN:-2048} TARGET_HEADS=${TARGET_HEADS:-32} TARGET_KV_HEADS=${TARGET_KV_HEADS:-16}
   export TARGET_LAYERS=${TARGET_LAYERS:-16} TARGET_MINUTES=${TARGET_MINUTES:-3.5}
   # the table with the 1.7B shapes sweep17 left on this machine, where it ran (the target's layers use them)
