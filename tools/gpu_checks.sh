@@ -95,12 +95,13 @@ proposers() {
 # train_target: issue 16's trained target on the demo corpus and tokenizer (the shipped demo model is its draft), in
 # /tmp/target (carry data/cache/demo_corpus). Hidden 1024 (~300M parameters, 34x the draft): the tenth session's
 # hidden 2048 (1,065M) fit only 314 steps in 4 minutes and ended weaker than its draft (perplexity 52.5 vs 32.6).
-# Decode is latency-bound per layer, so the narrower target of the same depth decodes about as slowly and trains
-# ~3x more steps.
+# Decode is latency-bound per layer at hidden 1024 (see pair27 for hidden 2048). TARGET_BATCH: sequences of 1,024
+# tokens a step (32; hidden 2048 at 16 layers trained at 32, deeper ones may need fewer to fit: not tried).
 train_target() {
   T 330 python3 tools/train_demo_model.py train --data data/cache/demo_corpus --out /tmp/target \
     --minutes "${TARGET_MINUTES:-4}" --hidden "${TARGET_HIDDEN:-1024}" --layers "${TARGET_LAYERS:-24}" \
-    --heads "${TARGET_HEADS:-16}" --kv-heads "${TARGET_KV_HEADS:-8}" > "$R/train_target.log" 2>&1
+    --heads "${TARGET_HEADS:-16}" --kv-heads "${TARGET_KV_HEADS:-8}" --batch-size "${TARGET_BATCH:-32}" \
+    > "$R/train_target.log" 2>&1
 }
 # spec_b1 LIMIT METHOD DRAFT NAME: batch-1 TPOT and acceptance per draft position on held-out text for the proposer
 # against /tmp/target alone at each k of SPEC_KS, 8 passages, the engines timed in turns, into $R/NAME.{json,log}
@@ -911,6 +912,10 @@ pair27b)
   T 90 python3 tools/bench_step_breakdown.py --model /tmp/target --steps 32 --profile-steps 60 \
     --speculative-method eagle --draft-model /tmp/eagle --num-speculative-tokens 4 --json "$R/step_eagle.json" \
     > "$R/step_eagle.log" 2>&1
+  # PDL off: each kernel's exclusive time, so the head's share of the verify step adds up
+  GRAPHRUNNER_PDL=0 T 90 python3 tools/bench_step_breakdown.py --model /tmp/target --steps 32 --profile-steps 60 \
+    --speculative-method eagle --draft-model /tmp/eagle --num-speculative-tokens 4 \
+    --json "$R/step_eagle_nopdl.json" > "$R/step_eagle_nopdl.log" 2>&1
   ;;
 l1-17)
   # L1 on the Qwen3-1.7B shape with the committed table (its layer shapes swept, sweep17) and without those four
