@@ -122,6 +122,14 @@ l1_untuned() {
     done
   done
 }
+# gemv_tests: the GEMV, PDL and GEMV-engine tests on CUDA, then the 0.6B bf16 parity tests, into $R/pytest_*.log
+gemv_tests() {
+  T 240 python3 -m pytest -q -p no:cacheprovider --durations=5 tests/test_gemv.py tests/test_pdl.py \
+    tests/test_gpu_gemv_engine.py > "$R/pytest_gemv.log" 2>&1
+  echo "pytest rc=$?" >> "$R/pytest_gemv.log"
+  T 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu_engine.py -k "06b" > "$R/pytest_gpu.log" 2>&1
+  echo "pytest rc=$?" >> "$R/pytest_gpu.log"
+}
 wheels() {
   [ -d /tmp/site/fastapi ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl
@@ -857,21 +865,13 @@ verify26)
   model &
   q17 &
   wait
-  T 240 python3 -m pytest -q -p no:cacheprovider --durations=5 tests/test_gemv.py tests/test_pdl.py \
-    tests/test_gpu_gemv_engine.py > "$R/pytest_gemv.log" 2>&1
-  echo "pytest rc=$?" >> "$R/pytest_gemv.log"
-  T 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu_engine.py -k "06b" > "$R/pytest_gpu.log" 2>&1
-  echo "pytest rc=$?" >> "$R/pytest_gpu.log"
+  gemv_tests
   l1_untuned
   ;;
 verify27)
   # verify26's tests without its L1 runs: at batch 1 the narrowed rule routes every shape as run 4's first rule did
   # (M = 1 where K <= 8192), so run 4's L1 figures stand
-  T 240 python3 -m pytest -q -p no:cacheprovider --durations=5 tests/test_gemv.py tests/test_pdl.py \
-    tests/test_gpu_gemv_engine.py > "$R/pytest_gemv.log" 2>&1
-  echo "pytest rc=$?" >> "$R/pytest_gemv.log"
-  T 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu_engine.py -k "06b" > "$R/pytest_gpu.log" 2>&1
-  echo "pytest rc=$?" >> "$R/pytest_gpu.log"
+  gemv_tests
   ;;
 sweep17)
   # the Qwen3-1.7B layer shapes (also issue 16's hidden-2048 target with 32 heads, 16 KV heads of 64, and its LM
@@ -893,8 +893,6 @@ pair27)
   # machine is warm
   export TARGET_HIDDEN=${TARGET_HIDDEN:-2048} TARGET_HEADS=${TARGET_HEADS:-32} TARGET_KV_HEADS=${TARGET_KV_HEADS:-16}
   export TARGET_LAYERS=${TARGET_LAYERS:-16} TARGET_MINUTES=${TARGET_MINUTES:-3.5}
-  # the table with the 1.7B shapes sweep17 left on this machine, where it ran (the target's layers use them)
-  [ -f /tmp/gemv_17.json ] && export GRAPHRUNNER_GEMV_CONFIGS=/tmp/gemv_17.json
   train_target
   T 200 python3 tools/train_demo_model.py train-eagle --data data/cache/demo_corpus --target /tmp/target \
     --out /tmp/eagle --max-steps "${EAGLE_STEPS:-1500}" --minutes "${EAGLE_MINUTES:-2}" > "$R/train_eagle.log" 2>&1
@@ -903,8 +901,6 @@ pair27)
 pair27b)
   # the pair27 pair, continued: the draft model (the shipped demo model) at k = 3, 4, EAGLE at k = 3, then where a
   # plain step and a k = 4 EAGLE verify step spend their time (within the target's 1,024 positions)
-  # the table with the 1.7B shapes sweep17 left on this machine, where it ran (the target's layers use them)
-  [ -f /tmp/gemv_17.json ] && export GRAPHRUNNER_GEMV_CONFIGS=/tmp/gemv_17.json
   SPEC_KS=3,4 spec_b1 200 draft_model graphrunner/demo_model spec_draft
   SPEC_KS=3 spec_b1 120 eagle /tmp/eagle spec_eagle_k3
   T 90 python3 tools/bench_step_breakdown.py --model /tmp/target --steps 40 --profile-steps 100 \
