@@ -58,6 +58,7 @@
 #   bash tools/gpu_checks.sh verify26   # the narrowed untuned rule: GEMV/PDL/GEMV-engine/0.6B tests on CUDA, L1 on/off
 #   bash tools/gpu_checks.sh verify27 sweep17  # verify26 trimmed; the 1.7B shapes swept, L1/L2 on them
 #   bash tools/gpu_checks.sh pair27     # issue 16: a hidden-2048 target and its EAGLE head, EAGLE k = 4; then pair27b
+#   bash tools/gpu_checks.sh head28     # issue 16: a k = 4 EAGLE verify step's kernels vs a plain step's, random targets
 #   bash tools/gpu_checks.sh l1-17      # L1 on the 1.7B shape with and without its swept table rows, in turns
 #   bash tools/gpu_checks.sh serve      # offline L1 and T1, then SV1 with the engine loop in a process (needs .whl/)
 #   bash tools/gpu_checks.sh serve-thread  # SV1 with the loop in a thread of the server (the old layout)
@@ -69,7 +70,7 @@
 # limit so the last phase still ends (and is tarred) inside the device call:
 #   DEADLINE=560 bash tools/gpu_checks.sh tests-a tests-b
 set -u
-[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-pair-table | spec-unroll | spec-why | spec-demo | spec-b64 | spec-b64-host | spec-diag | host-probe | small-mixed | spec16c | spec-cost | spec-table | rej | spec16 | spec16b | gemv | gemv-swap | gemv-pf | gemv-engine | final24 | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | final15 | attn-spills | attn-best | p1-rows | bench2 | sizes-tests | sizes-t1 | l2-table | startup | uncompiled | uncompiled-s1 | pair26 | pair26b | final26 | untuned | verify26 | verify27 | sweep17 | pair27 | pair27b | l1-17 | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-pair-table | spec-unroll | spec-why | spec-demo | spec-b64 | spec-b64-host | spec-diag | host-probe | small-mixed | spec16c | spec-cost | spec-table | rej | spec16 | spec16b | gemv | gemv-swap | gemv-pf | gemv-engine | final24 | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | final15 | attn-spills | attn-best | p1-rows | bench2 | sizes-tests | sizes-t1 | l2-table | startup | uncompiled | uncompiled-s1 | pair26 | pair26b | final26 | untuned | verify26 | verify27 | sweep17 | pair27 | pair27b | head28 | l1-17 | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
 OUT=${OUT:-/tmp/out}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 END=$(( $(date +%s) + ${DEADLINE:-100000} ))
@@ -912,6 +913,25 @@ pair27b)
   GRAPHRUNNER_PDL=0 T 90 python3 tools/bench_step_breakdown.py --model /tmp/target --steps 32 --profile-steps 60 \
     --speculative-method eagle --draft-model /tmp/eagle --num-speculative-tokens 4 \
     --json "$R/step_eagle_nopdl.json" > "$R/step_eagle_nopdl.log" 2>&1
+  ;;
+head28)
+  # issue 16: where a k = 4 EAGLE verify step's time goes on random-weight targets of the pair27 shape (hidden 2048,
+  # 32 / 16 heads of 64, vocab 4096) at 16 and 28 layers (a verify step's cost does not depend on the weights: it
+  # is always 1 + k tokens), PDL off so each kernel's time is its own; chrome traces of 6 steps for the attribution
+  for L in ${HEAD_LAYERS:-16 28}; do
+    [ -d /tmp/t$L ] || T 120 python3 tools/make_bench_model.py --out /tmp/t$L --vocab 4096 --hidden 2048 \
+      --intermediate 6144 --layers $L --heads 32 --kv-heads 16 --head-dim 64 --max-position-embeddings 1024 \
+      > "$R/make_t$L.log" 2>&1
+    [ -d /tmp/e$L ] || T 120 python3 tools/train_demo_model.py train-eagle --data data/cache/demo_corpus \
+      --target /tmp/t$L --out /tmp/e$L --max-steps 2 --batch-size 4 --seq-len 128 > "$R/make_e$L.log" 2>&1
+    for pdl in 1 0; do
+      GRAPHRUNNER_PDL=$pdl T 90 python3 tools/bench_step_breakdown.py --model /tmp/t$L --steps 40 --profile-steps 6 \
+        --trace "$R/trace_plain_${L}_p$pdl.json" --json "$R/plain_${L}_p$pdl.json" > "$R/plain_${L}_p$pdl.log" 2>&1
+      GRAPHRUNNER_PDL=$pdl T 90 python3 tools/bench_step_breakdown.py --model /tmp/t$L --steps 32 --profile-steps 6 \
+        --speculative-method eagle --draft-model /tmp/e$L --num-speculative-tokens 4 \
+        --trace "$R/trace_eagle_${L}_p$pdl.json" --json "$R/eagle_${L}_p$pdl.json" > "$R/eagle_${L}_p$pdl.log" 2>&1
+    done
+  done
   ;;
 l1-17)
   # L1 on the Qwen3-1.7B shape with the committed table (its layer shapes swept, sweep17) and without those four
