@@ -181,3 +181,18 @@ def test_chunk_pad_covers_every_batch_size(vocab: int) -> None:
     for num_reqs in (1, 2, 3, 5, 8, 33, 256, 1024):
         chunk, num_chunks = gumbel_split.split_plan(num_reqs, vocab, torch.device("cpu"))
         assert 1 <= num_chunks <= pad and chunk * num_chunks >= vocab and pad >= 16
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("num_reqs, vocab", [(1, 1), (1, 4096), (5, 3001), (3, 1025)])
+def test_greedy_argmax_equals_torch_argmax(dtype: torch.dtype, num_reqs: int, vocab: int) -> None:
+    """The model proposers' draft pick: the split kernel at temperature 0 straight from model-dtype logits (a
+    column slice of a wider, padded tensor, as the LM head's shard gives) equals torch.argmax of the float32 copy,
+    lowest index on ties (coarse values make ties across chunks common)."""
+    g = torch.Generator().manual_seed(num_reqs * 31 + vocab)
+    wide = (torch.randint(-40, 40, (num_reqs, vocab + 3), generator=g).float() / 8).to(dtype).to(DEVICE)
+    logits = wide[:, :vocab]
+    want = logits.float().argmax(dim=-1)
+    got = gumbel_split.greedy_argmax(logits, use_triton=True)
+    assert got.dtype == torch.int32 and torch.equal(got.long(), want)
+    assert torch.equal(gumbel_split.greedy_argmax(logits, use_triton=False), want)

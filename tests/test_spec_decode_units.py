@@ -15,6 +15,7 @@ from graphrunner import cli
 from graphrunner.engine_args import EngineArgs, build_engine_config
 from graphrunner.penalty_counts import PenaltyCounts
 from graphrunner.spec_config import SpeculativeConfig
+from graphrunner.spec_decode.eagle_observe import observe_index, observe_index_ref
 from graphrunner.spec_decode.layout import build_spec_layout, uniform_spec_layout
 from graphrunner.spec_decode.update import advance_draft, post_update_spec, read_drafts, write_drafts
 
@@ -250,3 +251,32 @@ def test_post_update_spec_triton_equals_reference_with_counts_and_padding(num_re
     for name, want, got in zip(("token_ids", "num_computed", "num_tokens", "output_counts"), *results):
         assert torch.equal(want, got), name
     assert int(results[0][3].sum()) > 0  # the case counted something
+
+
+@pytest.mark.parametrize("counts, pad", [([1], 0), ([5], 0), ([3, 0, 7, 1], 2), ([1] * 9, 3), ([70, 2, 65], 5)])
+def test_eagle_observe_index_triton_equals_reference(counts: list[int], pad: int) -> None:
+    """The EAGLE observation's maps (each position's next token, each request's last accepted position) from one
+    launch against the PyTorch reference: empty requests, padding positions past the last request, prefill chunks
+    longer than the kernel's block, rows that accepted nothing / some / all of their tokens, positions at the last
+    column."""
+    rng = random.Random(sum(counts) * 7 + pad)
+    num_rows, width = len(counts) + 4, 80
+    token_ids = torch.tensor([[rng.randrange(1000) for _ in range(width)] for _ in range(num_rows)], dtype=torch.int32)
+    rows = rng.sample(range(num_rows), len(counts))
+    positions: list[int] = []
+    num_computed = torch.zeros(num_rows, dtype=torch.int32)
+    for r, n in zip(rows, counts):
+        start = rng.randrange(0, width - n + 1)
+        positions += range(start, start + n)
+        num_computed[r] = start + rng.randrange(0, n + 1)  # accepted so far: none to all of the scheduled ones
+    if counts[-1]:
+        positions[-1] = width - 1  # its next token is clamped to the last column
+    positions += [0] * pad
+    qsl = torch.tensor([0] + [sum(counts[:i + 1]) for i in range(len(counts))], dtype=torch.int32)
+    args = (torch.tensor(rows, dtype=torch.int32), qsl, torch.tensor(positions, dtype=torch.int64), token_ids,
+            num_computed)
+    want = observe_index_ref(*args)
+    got = observe_index(*(a.to(KERNEL_DEVICE) for a in args), use_triton=True)
+    assert torch.equal(got[0].cpu(), want[0]) and torch.equal(got[1].cpu(), want[1])
+    with pytest.raises(ValueError, match="requests and tokens"):
+        observe_index(*(a[:0] if i in (0, 2) else a for i, a in enumerate(args)), use_triton=True)

@@ -59,6 +59,7 @@
 #   bash tools/gpu_checks.sh verify27 sweep17  # verify26 trimmed; the 1.7B shapes swept, L1/L2 on them
 #   bash tools/gpu_checks.sh pair27     # issue 16: a hidden-2048 target and its EAGLE head, EAGLE k = 4; then pair27b
 #   bash tools/gpu_checks.sh head28     # issue 16: a k = 4 EAGLE verify step's kernels vs a plain step's, random targets
+#   bash tools/gpu_checks.sh pair28     # issue 16: a 28-layer hidden-2048 target, its EAGLE head, k = 4; then pair28b
 #   bash tools/gpu_checks.sh l1-17      # L1 on the 1.7B shape with and without its swept table rows, in turns
 #   bash tools/gpu_checks.sh serve      # offline L1 and T1, then SV1 with the engine loop in a process (needs .whl/)
 #   bash tools/gpu_checks.sh serve-thread  # SV1 with the loop in a thread of the server (the old layout)
@@ -70,7 +71,7 @@
 # limit so the last phase still ends (and is tarred) inside the device call:
 #   DEADLINE=560 bash tools/gpu_checks.sh tests-a tests-b
 set -u
-[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-pair-table | spec-unroll | spec-why | spec-demo | spec-b64 | spec-b64-host | spec-diag | host-probe | small-mixed | spec16c | spec-cost | spec-table | rej | spec16 | spec16b | gemv | gemv-swap | gemv-pf | gemv-engine | final24 | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | final15 | attn-spills | attn-best | p1-rows | bench2 | sizes-tests | sizes-t1 | l2-table | startup | uncompiled | uncompiled-s1 | pair26 | pair26b | final26 | untuned | verify26 | verify27 | sweep17 | pair27 | pair27b | head28 | l1-17 | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-pair-table | spec-unroll | spec-why | spec-demo | spec-b64 | spec-b64-host | spec-diag | host-probe | small-mixed | spec16c | spec-cost | spec-table | rej | spec16 | spec16b | gemv | gemv-swap | gemv-pf | gemv-engine | final24 | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | final15 | attn-spills | attn-best | p1-rows | bench2 | sizes-tests | sizes-t1 | l2-table | startup | uncompiled | uncompiled-s1 | pair26 | pair26b | final26 | untuned | verify26 | verify27 | sweep17 | pair27 | pair27b | head28 | pair28 | pair28b | l1-17 | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
 OUT=${OUT:-/tmp/out}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 END=$(( $(date +%s) + ${DEADLINE:-100000} ))
@@ -114,6 +115,20 @@ spec_b1() {
 # q17: the Qwen3-1.7B-shaped bench model in /tmp/q17 (hidden 2048, intermediate 6144, 28 layers)
 q17() { [ -d /tmp/q17 ] || python3 tools/make_bench_model.py --out /tmp/q17 --hidden 2048 --intermediate 6144 \
   --tokenizer > "$R/make_q17.log" 2>&1; }
+# tc_table: /tmp/gemv_tc.json, the shipped table with the sweep17 tensor-core configs up to M = 8 added to the two
+# shapes that leave M = 2-8 to cuBLAS (qkv 4096 x 2048, gate_up 12288 x 2048; isolated, 0.3-0.7 µs slower at M = 5)
+tc_table() {
+  python3 - <<'PY'
+import json
+rows = json.load(open("graphrunner/models/gemv_configs.json"))
+tc = {(12288, 2048): dict(block_n=128, block_k=128, split_k=1, num_warps=4, num_stages=4),
+      (4096, 2048): dict(block_n=64, block_k=256, split_k=2, num_warps=4, num_stages=4)}
+for r in rows:
+    if (r["N"], r["K"]) in tc:
+        r["configs"].append(dict(tc[(r["N"], r["K"])], max_m=8, use_dot=True, swap_ab=True))
+json.dump(rows, open("/tmp/gemv_tc.json", "w"))
+PY
+}
 # l1_untuned: L1 on the 0.6B and 1.7B shapes with GRAPHRUNNER_GEMV_UNTUNED on, then off, into $R/l1_MODEL_uN.*
 l1_untuned() {
   for m in q06 q17; do
@@ -932,6 +947,39 @@ head28)
         --trace "$R/trace_eagle_${L}_p$pdl.json" --json "$R/eagle_${L}_p$pdl.json" > "$R/eagle_${L}_p$pdl.log" 2>&1
     done
   done
+  ;;
+pair28)
+  # issue 16 on a Qwen3-1.7B-deep target (hidden 2048, 32 / 16 heads of 64, TARGET_LAYERS 28): train it and its
+  # EAGLE head, then EAGLE k = 4 with the committed GEMV table and with tensor-core rows up to M = 8 for the two
+  # shapes cuBLAS serves at M = 5 (qkv 4096 x 2048, gate_up 12288 x 2048: a Triton kernel keeps the PDL chain).
+  # Carry data/cache/demo_corpus; run pair28b next while the machine is warm
+  export TARGET_HIDDEN=${TARGET_HIDDEN:-2048} TARGET_HEADS=${TARGET_HEADS:-32} TARGET_KV_HEADS=${TARGET_KV_HEADS:-16}
+  export TARGET_LAYERS=${TARGET_LAYERS:-28} TARGET_MINUTES=${TARGET_MINUTES:-3} TARGET_BATCH=${TARGET_BATCH:-16}
+  tc_table
+  train_target
+  T 200 python3 tools/train_demo_model.py train-eagle --data data/cache/demo_corpus --target /tmp/target \
+    --out /tmp/eagle --max-steps "${EAGLE_STEPS:-1500}" --minutes "${EAGLE_MINUTES:-2.5}" > "$R/train_eagle.log" 2>&1
+  SPEC_KS=4 spec_b1 100 eagle /tmp/eagle spec_eagle
+  GRAPHRUNNER_GEMV_CONFIGS=/tmp/gemv_tc.json SPEC_KS=4 spec_b1 100 eagle /tmp/eagle spec_eagle_tc
+  ;;
+pair28b)
+  # the pair28 pair, continued: the EAGLE head's fc shape (2048 x 4096) swept into a table copy; EAGLE k = 3, 4 and
+  # the draft model k = 3 with it; a verify step's kernels; the speculative-decoding tests on CUDA
+  cp "${PAIR_TABLE:-graphrunner/models/gemv_configs.json}" /tmp/gemv_28.json
+  T 120 python3 tools/bench_kernels.py --only gemv --sweep --shapes 2048x4096 --ms 1,2,4,5,8 \
+    --tuned-out /tmp/gemv_28.json --json "$R/bench_gemv_fc.json" > "$R/bench_gemv_fc.log" 2>&1
+  cp /tmp/gemv_28.json "$R/gemv_28.json"
+  export GRAPHRUNNER_GEMV_CONFIGS=/tmp/gemv_28.json
+  SPEC_KS=3,4 spec_b1 150 eagle /tmp/eagle spec_eagle_fc
+  SPEC_KS=3 spec_b1 100 draft_model graphrunner/demo_model spec_draft
+  T 90 python3 tools/bench_step_breakdown.py --model /tmp/target --steps 32 --profile-steps 6 \
+    --speculative-method eagle --draft-model /tmp/eagle --num-speculative-tokens 4 --trace "$R/trace_eagle.json" \
+    --json "$R/step_eagle.json" > "$R/step_eagle.log" 2>&1
+  unset GRAPHRUNNER_GEMV_CONFIGS
+  T 200 python3 -m pytest -q -p no:cacheprovider tests/test_spec_decode_units.py tests/test_sampling_gumbel_split.py \
+    tests/test_spec_eagle.py tests/test_spec_decode_graphs.py -k "gpu or observe or greedy or triton or graph" \
+    > "$R/pytest_spec.log" 2>&1
+  echo "pytest rc=$?" >> "$R/pytest_spec.log"
   ;;
 l1-17)
   # L1 on the Qwen3-1.7B shape with the committed table (its layer shapes swept, sweep17) and without those four

@@ -19,7 +19,7 @@ from torch import nn
 from graphrunner.attention import forward_context
 from graphrunner.input_prep import StepInputs
 from graphrunner.spec_config import SpeculativeConfig
-from graphrunner.spec_decode.draft_steps import DraftSteps
+from graphrunner.spec_decode.draft_steps import DraftSteps, greedy_drafts
 from graphrunner.state_table import StateTable
 from graphrunner.step_plan import StepShape
 from model_states.base import ModelState
@@ -65,4 +65,4 @@ class DraftModelProposer:
                            seq_lens_upper)
         for i in range(k):
             hidden = self._forward(*steps.inputs(i))  # [B, hidden]
-            steps.write(i, self.draft.model.compute_logits(hidden).argmax(dim=-1), next_step=i + 1)
+            steps.write(i, greedy_drafts(self.draft.model, hidden, self.use_triton), next_step=i + 1)

@@ -6,8 +6,11 @@ goes into the row's history tail at num_tokens + i, where the next verify step's
 from __future__ import annotations
 
 import torch
+from torch import nn
 
 from graphrunner.input_prep import StepInputs, prepare_inputs
+from graphrunner.parallel_state import tp_size
+from graphrunner.sampling.gumbel_split import greedy_argmax
 from graphrunner.spec_decode.update import advance_draft
 from graphrunner.state_table import StateTable
 from graphrunner.step_plan import StepShape
@@ -49,3 +52,12 @@ class DraftSteps:
         advance_draft(self.idx_mapping, i, next_step, tokens, st.token_ids, st.num_computed, st.num_tokens,
                       self.positions, st.num_drafts, self.use_triton)
         self.prepared = next_step
+
+
+def greedy_drafts(model: nn.Module, hidden: torch.Tensor, use_triton: bool) -> torch.Tensor:
+    """The greedy draft token [B] (int32 or int64) of each row of hidden [B, H] through `model`'s LM head. On one
+    rank its model-dtype logits go straight to the split argmax; with tensor parallelism the gathered ones."""
+    if tp_size() > 1:
+        return model.compute_logits(hidden).argmax(dim=-1)
+    logits, _ = model.compute_logits_shard(hidden)  # [B, V] model dtype
+    return greedy_argmax(logits[:, :model.config.vocab_size], use_triton)

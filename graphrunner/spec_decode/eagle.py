@@ -19,7 +19,8 @@ from torch import nn
 from graphrunner.attention import forward_context
 from graphrunner.input_prep import StepInputs
 from graphrunner.spec_config import SpeculativeConfig
-from graphrunner.spec_decode.draft_steps import DraftSteps
+from graphrunner.spec_decode.draft_steps import DraftSteps, greedy_drafts
+from graphrunner.spec_decode.eagle_observe import observe_index
 from graphrunner.state_table import StateTable
 from graphrunner.step_plan import StepShape
 from model_states.base import ModelState
@@ -60,22 +61,11 @@ class EagleProposer:
                 ) -> torch.Tensor:
         """The head over a step's tokens (after its post-update); returns its output at each request's last
         accepted position [B, H]. inputs / shape / hidden [T, H]: the target's forward of the step."""
-        st = self.state
-        b, t = idx_mapping.shape[0], inputs.input_ids.shape[0]
-        max_len = st.token_ids.shape[1]
-        rows = idx_mapping.long()  # [B] int64
-        qsl = inputs.query_start_loc.long()  # [B + 1] int64
-        tok = torch.arange(t, dtype=torch.int64, device=rows.device)  # [T] int64
-        req = torch.searchsorted(qsl[1:].contiguous(), tok, right=True).clamp(max=b - 1)  # [T] int64; padding -> B-1
-        nxt = (inputs.positions + 1).clamp(max=max_len - 1)  # [T] int64
-        next_ids = st.token_ids[rows[req], nxt].long()  # [T] int64: the token each position predicts
+        t = inputs.input_ids.shape[0]
+        next_ids, last = observe_index(idx_mapping, inputs.query_start_loc, inputs.positions, self.state.token_ids,
+                                       self.state.num_computed, self.use_triton)  # [T] int64, [B] int64
         out = self._head(inputs, shape, next_ids, hidden[:t])  # [T, H]
-        first = qsl[:-1]  # [B] int64
-        count = qsl[1:] - first  # [B] int64
-        start = inputs.positions[first.clamp(max=t - 1)]  # [B] int64: each request's first position (num_computed)
-        advanced = st.num_computed.index_select(0, rows).long() - start  # [B] int64: positions now accepted
-        last = first + torch.minimum((advanced - 1).clamp(min=0), (count - 1).clamp(min=0))  # [B] int64
-        return out.index_select(0, last.clamp(max=t - 1))  # [B, H]
+        return out.index_select(0, last)  # [B, H]
 
     def propose(self, idx_mapping: torch.Tensor, inputs: StepInputs, shape: StepShape, hidden: torch.Tensor,
                 draft: bool = True) -> None:
@@ -89,11 +79,11 @@ class EagleProposer:
         if not draft:
             return
         steps = DraftSteps(idx_mapping, st, self.draft.model_state.block_size, self.use_triton, shape.seq_lens)
-        tok = self.target.compute_logits(h).argmax(dim=-1)  # [B] int64: the first draft
+        tok = greedy_drafts(self.target, h, self.use_triton)  # [B] int32 / int64: the first draft
         for i in range(k):
             steps.write(i, tok, next_step=i)  # the head's step i reads draft i
             if i == k - 1:
                 break
             # draft i + 1 from the head at position num_computed + i, reading draft i and the head's last output
             h = self._head(*steps.inputs(i), tok, h)  # [B, H]
-            tok = self.target.compute_logits(h).argmax(dim=-1)  # [B] int64
+            tok = greedy_drafts(self.target, h, self.use_triton)  # [B]
