@@ -238,6 +238,9 @@ def write_tuned(path: Path, rows: list[dict]) -> None:
     table = {(e["N"], e["K"]): e for e in (json.loads(path.read_text()) if path.exists() else [])}
     for r in rows:
         if "best_configs" in r:
+            note = table.get((r["N"], r["K"]), {}).get("note")
+            if note:  # a row picked by an engine measurement, not by this loop (docs/DECISIONS.md)
+                print(f"replacing ({r['N']}, {r['K']}), whose row said: {note}", flush=True)
             table[(r["N"], r["K"])] = {"N": r["N"], "K": r["K"], "configs": r["best_configs"],  # []: cuBLAS
                                        "gemv_us": r["best_us"], "cublas_us": r["torch_us"]}
     path.write_text(json.dumps(sorted(table.values(), key=lambda e: (e["N"], e["K"])), indent=1))
