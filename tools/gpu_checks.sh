@@ -60,6 +60,7 @@
 #   bash tools/gpu_checks.sh pair27     # issue 16: a hidden-2048 target and its EAGLE head, EAGLE k = 4; then pair27b
 #   bash tools/gpu_checks.sh head28     # issue 16: a k = 4 EAGLE verify step's kernels vs a plain step's, random targets
 #   bash tools/gpu_checks.sh pair28     # issue 16: a 28-layer hidden-2048 target, its EAGLE head, k = 4; then pair28b
+#   bash tools/gpu_checks.sh l2-17      # L2 b=8 on the 1.7B shape with and without the tensor-core rows, in turns
 #   bash tools/gpu_checks.sh l1-17      # L1 on the 1.7B shape with and without its swept table rows, in turns
 #   bash tools/gpu_checks.sh serve      # offline L1 and T1, then SV1 with the engine loop in a process (needs .whl/)
 #   bash tools/gpu_checks.sh serve-thread  # SV1 with the loop in a thread of the server (the old layout)
@@ -71,7 +72,7 @@
 # limit so the last phase still ends (and is tarred) inside the device call:
 #   DEADLINE=560 bash tools/gpu_checks.sh tests-a tests-b
 set -u
-[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-pair-table | spec-unroll | spec-why | spec-demo | spec-b64 | spec-b64-host | spec-diag | host-probe | small-mixed | spec16c | spec-cost | spec-table | rej | spec16 | spec16b | gemv | gemv-swap | gemv-pf | gemv-engine | final24 | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | final15 | attn-spills | attn-best | p1-rows | bench2 | sizes-tests | sizes-t1 | l2-table | startup | uncompiled | uncompiled-s1 | pair26 | pair26b | final26 | untuned | verify26 | verify27 | sweep17 | pair27 | pair27b | head28 | pair28 | pair28b | l1-17 | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-pair-table | spec-unroll | spec-why | spec-demo | spec-b64 | spec-b64-host | spec-diag | host-probe | small-mixed | spec16c | spec-cost | spec-table | rej | spec16 | spec16b | gemv | gemv-swap | gemv-pf | gemv-engine | final24 | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | final15 | attn-spills | attn-best | p1-rows | bench2 | sizes-tests | sizes-t1 | l2-table | startup | uncompiled | uncompiled-s1 | pair26 | pair26b | final26 | untuned | verify26 | verify27 | sweep17 | pair27 | pair27b | head28 | pair28 | pair28b | l2-17 | l1-17 | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
 OUT=${OUT:-/tmp/out}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 END=$(( $(date +%s) + ${DEADLINE:-100000} ))
@@ -980,6 +981,25 @@ pair28b)
     tests/test_spec_eagle.py tests/test_spec_decode_graphs.py -k "gpu or observe or greedy or triton or graph" \
     > "$R/pytest_spec.log" 2>&1
   echo "pytest rc=$?" >> "$R/pytest_spec.log"
+  ;;
+l2-17)
+  # the twenty-eighth session's tensor-core rows (qkv 4096 x 2048 and gate_up 12288 x 2048 up to M = 8, chosen on a
+  # verify step) at L2 batch 8 on the Qwen3-1.7B shape, against the table without them (cuBLAS there), in turns
+  q17
+  python3 - <<'PY'
+import json
+rows = json.load(open("graphrunner/models/gemv_configs.json"))
+for r in rows:
+    if "note" in r:
+        r["configs"] = [c for c in r["configs"] if not c["use_dot"]]
+json.dump(rows, open("/tmp/gemv_no_tc.json", "w"))
+PY
+  for t in new old new old; do
+    [ $t = old ] && export GRAPHRUNNER_GEMV_CONFIGS=/tmp/gemv_no_tc.json || unset GRAPHRUNNER_GEMV_CONFIGS
+    T 80 python3 tools/bench_latency.py --model /tmp/q17 --no-peer --workloads L2 --batch-sizes 8 \
+      --json "$R/l2_$t.json" >> "$R/l2_$t.log" 2>&1
+  done
+  unset GRAPHRUNNER_GEMV_CONFIGS
   ;;
 l1-17)
   # L1 on the Qwen3-1.7B shape with the committed table (its layer shapes swept, sweep17) and without those four
