@@ -13,7 +13,6 @@ session, so a forced stop kills the process group it started and nothing else.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import signal
 import socket
@@ -26,6 +25,7 @@ from types import ModuleType
 from typing import IO
 
 import httpx
+from tool_loader import load_tool
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -40,16 +40,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 def load_bench_serve() -> ModuleType:
     """tools/bench_serve.py as the module `bench_serve` (tools/ is not a package; its sibling modules, such as
     bench_http, are found through tools/ on sys.path, as when the tool runs)."""
-    if "bench_serve" in sys.modules:
-        return sys.modules["bench_serve"]
-    tools = str(REPO_ROOT / "tools")
-    if tools not in sys.path:
-        sys.path.insert(0, tools)
-    spec = importlib.util.spec_from_file_location("bench_serve", REPO_ROOT / "tools" / "bench_serve.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_serve"] = module  # dataclasses resolve their module by name
-    spec.loader.exec_module(module)
-    return module
+    return load_tool("bench_serve")
 
 
 class ServerProcess:

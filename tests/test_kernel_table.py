@@ -5,26 +5,13 @@ the per-step / per-token figures add up.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+from tool_loader import load_tool
 
-
-def _load() -> ModuleType:
-    path = Path(__file__).resolve().parents[1] / "tools" / "kernel_table.py"
-    spec = importlib.util.spec_from_file_location("kernel_table", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["kernel_table"] = module  # dataclasses resolve their module by name
-    spec.loader.exec_module(module)
-    return module
-
-
-kt = _load()
+kt = load_tool("kernel_table")
 
 
 @pytest.mark.parametrize(("name", "group"), [

@@ -22,6 +22,7 @@ from safetensors.torch import load_file
 from sync_check import SyncFreeLaunches
 from tiny_eagle import make_attention_free_pair, make_eagle_head
 from tiny_models import make_tiny_model, model_state_for
+from tool_loader import load_tool
 
 from capture.manager import CaptureManager
 from graphrunner import LLM, SamplingParams
@@ -415,14 +416,7 @@ def test_gpu_eagle_graphs_on_equal_eager(tmp_path: Path, k: int) -> None:
 
 # -- tools/train_demo_model.py train-eagle ---------------------------------------------------------------------------
 def _train_tool() -> Any:
-    import importlib.util
-
-    path = Path(__file__).resolve().parents[1] / "tools" / "train_eagle_head.py"
-    spec = importlib.util.spec_from_file_location("train_eagle_head", path)
-    assert spec is not None and spec.loader is not None
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
-    return tool
+    return load_tool("train_eagle_head")
 
 
 def test_train_eagle_tool_writes_a_head_the_engine_loads(qwen3: tuple[Path, Path, list], tmp_path: Path) -> None:

@@ -4,28 +4,15 @@ sections at the kernels a regex names, and each section's span runs to the next 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
-TOOLS = Path(__file__).resolve().parents[1] / "tools"
+from tool_loader import TOOLS, load_tool
 
-
-def _load() -> ModuleType:
-    sys.path.insert(0, str(TOOLS))  # trace_steps imports kernel_table from beside it
-    spec = importlib.util.spec_from_file_location("trace_steps", TOOLS / "trace_steps.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["trace_steps"] = module  # dataclasses resolve their module by name
-    spec.loader.exec_module(module)
-    return module
-
-
-ts = _load()
+ts = load_tool("trace_steps")
 
 
 def _trace(path: Path) -> Path:
@@ -56,3 +43,13 @@ def test_command_line_lists_the_chosen_step(tmp_path: Path) -> None:
                          capture_output=True, text=True, check=True).stdout
     assert "steps (events, µs): 4/26.0, 3/9.0" in out and "step 0: 4 events, 26.0 µs" in out
     assert "gap   2.0  mark_kernel" in out
+
+
+def test_command_line_refuses_what_is_not_a_trace(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text("not json")
+    for path in (bad, tmp_path / "missing.json"):
+        run = subprocess.run([sys.executable, str(TOOLS / "trace_steps.py"), str(path)], check=False,
+                             capture_output=True, text=True)
+        assert run.returncode == 1 and "cannot read a chrome trace from" in run.stderr
+        assert "Traceback" not in run.stderr

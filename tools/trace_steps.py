@@ -72,7 +72,11 @@ def main() -> None:
     ap.add_argument("--split", default=None, help="regex: a section starts at each kernel whose name matches")
     ap.add_argument("--kernels", action="store_true", help="also list the step's kernels one by one")
     args = ap.parse_args()
-    steps = [s for s in split_steps(events_from_chrome_trace(args.trace), args.gap_us) if len(s) >= args.min_events]
+    try:
+        events = events_from_chrome_trace(args.trace)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        sys.exit(f"cannot read a chrome trace from {args.trace}: {exc}")
+    steps = [s for s in split_steps(events, args.gap_us) if len(s) >= args.min_events]
     if not steps:
         sys.exit(f"no step of {args.min_events} or more device events in {args.trace}")
     print("steps (events, µs):", ", ".join(f"{len(s)}/{step_span(s):.1f}" for s in steps))
