@@ -203,14 +203,7 @@ class ModelRunner:
         shape = self._forward_shape(batch)
         mode = self.graphs.forward_mode(batch.plan) if self.graphs is not None else nullcontext()
         with mode:
-            hidden = self.run_model(inputs, shape)
-        self._observe(inputs, shape)
-        return hidden
-
-    def _observe(self, inputs: StepInputs, shape: StepShape, observe: bool | None = None) -> None:
-        """observe: None = this step's scheduler had speculation on (a captured graph passes it fixed)."""
-        if isinstance(self.proposer, DraftModelProposer) and (self._observing if observe is None else observe):
-            self.proposer.observe(inputs, shape)  # the draft model's KV at the target's positions
+            return self.run_model(inputs, shape)
 
     def _verify(self, batch: StepBatch, inputs: StepInputs) -> StepOutput:
         """A verify step after its inputs: forward, logits of every verified position, rejection sampling, the
@@ -239,11 +232,11 @@ class ModelRunner:
         drafting = self._drafting if drafting is None else drafting
         observe = self._observing if observe is None else observe
         if isinstance(self.proposer, DraftModelProposer):
-            if drafting:  # k draft-model forwards: skipped while speculation is disabled by batch size
-                self.proposer.propose(idx_mapping, shape.seq_lens)
+            if observe:  # it drafts only while speculation is on (and, with graphs, inside them)
+                self.proposer.propose(idx_mapping, inputs, shape, draft=drafting)
         elif isinstance(self.proposer, EagleProposer):
             if observe:  # it drafts only while speculation is on
-                self.proposer.propose(idx_mapping, inputs, shape, hidden, drafting)
+                self.proposer.propose(idx_mapping, inputs, shape, hidden, draft=drafting)
         elif self.proposer is not None:
             self.proposer.propose(idx_mapping)
 
@@ -358,7 +351,6 @@ class ModelRunner:
         # observes with it, and only below disable_by_batch_size (a decode with speculation on whose rows have no
         # draft slots: min_tokens not reached); stale drafts stay valid proposals
         observe = mixed or self._observe_below is None or num_reqs < self._observe_below
-        self._observe(inputs, shape, observe)
         # penalties run in the graph for every row (neutral rows return at once): a batch with penalties replays it
         sampling = SamplingBatch(idx, False, self.penalties_in_graph, False, -1)
         out = self._sample(hidden.index_select(0, inputs.logits_indices), sampling)
@@ -381,7 +373,6 @@ class ModelRunner:
                                 out=self.buffers.views(num_reqs, num_reqs * q, cols))
         shape = StepShape(num_reqs, num_reqs * q, (q,) * num_reqs, (self.max_model_len,) * num_reqs, num_splits)
         hidden = self.run_model(inputs, shape)                                  # [P * q, hidden]
-        self._observe(inputs, shape, True)
         layout = uniform_spec_layout(idx, counts, self.spec_k)
         logits = self.model.compute_logits(hidden)                              # [P * q, V] float32
         out = verify_sample(logits, SamplingBatch(layout.expanded_idx, False, False, False, -1), layout, idx,

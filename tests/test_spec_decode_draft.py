@@ -91,10 +91,10 @@ def test_disable_by_batch_size_skips_drafting(models: tuple[Path, Path, list]) -
     calls = 0
     propose = llm.engine.runner.proposer.propose
 
-    def counted(*args: object) -> None:
+    def counted(*args: object, draft: bool = True) -> None:
         nonlocal calls
-        calls += 1
-        propose(*args)
+        calls += draft
+        propose(*args, draft=draft)  # type: ignore[call-arg]
 
     llm.engine.runner.proposer.propose = counted  # type: ignore[method-assign]
     assert _tokens(llm) == ref
@@ -125,17 +125,19 @@ def test_with_graphs_steps_outside_them_only_observe(models: tuple[Path, Path, l
     runner = llm.engine.runner
     runner.graphs = Piecewise()  # type: ignore[assignment]
     proposer = runner.proposer
-    calls = {"propose": 0, "observe": 0}
+    calls = {"draft": 0, "observe": 0}
     propose, observe = proposer.propose, proposer.observe
 
-    def count(name: str, fn: object) -> object:
-        def wrapped(*args: object, **kwargs: object) -> object:
-            calls[name] += 1
-            return fn(*args, **kwargs)  # type: ignore[operator]
-        return wrapped
+    def proposed(*args: object, draft: bool = True) -> None:
+        calls["draft"] += draft
+        propose(*args, draft=draft)  # type: ignore[call-arg]
 
-    proposer.propose = count("propose", propose)  # type: ignore[method-assign]
-    proposer.observe = count("observe", observe)  # type: ignore[method-assign]
+    def observed(*args: object) -> object:
+        calls["observe"] += 1
+        return observe(*args)  # type: ignore[call-arg]
+
+    proposer.propose = proposed  # type: ignore[method-assign]
+    proposer.observe = observed  # type: ignore[method-assign]
     assert _tokens(llm) == ref
-    assert calls["propose"] == 0 and calls["observe"] > 0
+    assert calls["draft"] == 0 and calls["observe"] > 0
     assert llm.engine.stats.spec_decode_counts[2] == 0  # nothing proposed, nothing accepted

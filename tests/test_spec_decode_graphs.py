@@ -75,7 +75,7 @@ def test_full_verify_body_with_padding_rows_matches_eager(model_dir: Path) -> No
 
 
 def test_full_verify_body_drafts_with_a_model(model_dir: Path) -> None:
-    """The draft model inside the FULL bodies (observe the step's inputs, draft k tokens): the target drafting for
+    """The draft model inside the FULL bodies (observe the step's tokens and the next, draft k tokens): the target drafting for
     itself has every draft accepted, and the tokens equal eager ones."""
     spec = {"method": "draft_model", "model": str(model_dir), "num_speculative_tokens": 3}
     kwargs: dict[str, Any] = {"num_gpu_blocks_override": 60, "max_model_len": 96, "max_num_seqs": 8,
@@ -124,9 +124,9 @@ def test_plain_decode_graphs_run_the_draft_model_only_below_disable_by_batch_siz
         steps[-1] = (*steps[-1][:2], out.mode)
         return out
 
-    def counted(*args: Any) -> None:
+    def counted(*args: Any) -> Any:
         observed[steps[-1][0]] += 1
-        observe(*args)
+        return observe(*args)
 
     runner.execute, manager.plan, runner.proposer.observe = step, planned, counted  # type: ignore[method-assign]
     got = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]

@@ -15,6 +15,7 @@ from graphrunner import cli
 from graphrunner.engine_args import EngineArgs, build_engine_config
 from graphrunner.penalty_counts import PenaltyCounts
 from graphrunner.spec_config import SpeculativeConfig
+from graphrunner.spec_decode.draft_observe import observe_counts, observe_counts_ref
 from graphrunner.spec_decode.eagle_observe import observe_index, observe_index_ref
 from graphrunner.spec_decode.layout import build_spec_layout, uniform_spec_layout
 from graphrunner.spec_decode.update import advance_draft, post_update_spec, read_drafts, write_drafts
@@ -280,3 +281,59 @@ def test_eagle_observe_index_triton_equals_reference(counts: list[int], pad: int
     assert torch.equal(got[0].cpu(), want[0]) and torch.equal(got[1].cpu(), want[1])
     with pytest.raises(ValueError, match="requests and tokens"):
         observe_index(*(a[:0] if i in (0, 2) else a for i, a in enumerate(args)), use_triton=True)
+
+
+def _loop_observe_counts(rows: list[int], counts: list[int], starts: list[int], num_computed: list[int],
+                         max_len: int, total: int) -> tuple[list[int], list[int]]:
+    """Plain-Python counts and indices of the draft model's observation (one more token a request, cut at max_len;
+    the index of each request's num_computed in it)."""
+    obs, last, first = [], [], 0
+    for r, n, s in zip(rows, counts, starts):
+        c = min(n + 1, max_len - s) if n else 0
+        last.append(min(first + min(max(num_computed[r] - s, 0), max(c - 1, 0)), total - 1))
+        obs.append(c)
+        first += c
+    return obs, last
+
+
+@pytest.mark.parametrize("counts, pad", [([1], 0), ([4], 3), ([3, 0, 7, 1], 2), ([5] * 9, 0), ([70, 2, 65], 5),
+                                         ([1, 4] * 70, 0)])
+def test_draft_observe_counts_triton_equals_reference(counts: list[int], pad: int) -> None:
+    """The draft model's observation map (each request's tokens + 1, its first position, the index of its new
+    num_computed) from one launch against the PyTorch reference and a plain loop: requests without tokens (a
+    captured graph's padding rows), padding positions, more requests than the kernel's prefix-sum block, verify rows
+    that accepted none / some / all of their drafts, prefill chunks, and requests whose next position would pass
+    max_len (their count is cut there)."""
+    rng = random.Random(sum(counts) * 11 + pad)
+    num_rows, width = len(counts) + 3, 80
+    rows = rng.sample(range(num_rows), len(counts))
+    starts, positions = [], []
+    num_computed = [0] * num_rows
+    for i, (r, n) in enumerate(zip(rows, counts)):
+        start = width - n if i % 5 == 2 else rng.randrange(0, width - n + 1)  # some end at the last column
+        starts.append(start)
+        positions += range(start, start + n)
+        num_computed[r] = start + rng.randrange(1, n + 1) if n else rng.randrange(width)
+    positions += [0] * pad
+    t = len(positions)
+    qsl = [0]
+    for n in counts:
+        qsl.append(qsl[-1] + n)
+    i32 = {"dtype": torch.int32}
+    args = (torch.tensor(rows, **i32), torch.tensor(qsl, **i32), torch.tensor(positions, dtype=torch.int64),
+            torch.tensor(num_computed, **i32))
+    want_obs, want_last = _loop_observe_counts(rows, counts, starts, num_computed, width, t + len(rows))
+    want_starts = [-1] * num_rows
+    for r, n, s in zip(rows, counts, starts):
+        if n:
+            want_starts[r] = s
+    for use_triton in (False, True):
+        dev = KERNEL_DEVICE if use_triton else torch.device("cpu")
+        row_starts = torch.full((num_rows,), -1, dtype=torch.int32, device=dev)
+        got = observe_counts(*(a.to(dev) for a in args), row_starts, width, use_triton)
+        assert got[0].cpu().tolist() == want_obs and got[1].cpu().tolist() == want_last, use_triton
+        assert row_starts.cpu().tolist() == want_starts, use_triton
+    ref = observe_counts_ref(*args, torch.full((num_rows,), -1, **i32), width)
+    assert ref[0].tolist() == want_obs
+    with pytest.raises(ValueError, match="requests and tokens"):
+        observe_counts(args[0][:0], args[1][:1], *args[2:], row_starts.cpu(), width, False)
