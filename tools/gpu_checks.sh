@@ -60,6 +60,8 @@
 #   bash tools/gpu_checks.sh pair27     # issue 16: a hidden-2048 target and its EAGLE head, EAGLE k = 4; then pair27b
 #   bash tools/gpu_checks.sh head28     # issue 16: a k = 4 EAGLE verify step's kernels vs a plain step's, random targets
 #   bash tools/gpu_checks.sh pair28     # issue 16: a 28-layer hidden-2048 target, its EAGLE head, k = 4; then pair28b
+#   bash tools/gpu_checks.sh pair29     # issue 16: the draft model observing after the update, on pair28's target; then
+#                                       # pair29b (the tree before it, k = 2, the verify step's kernels)
 #   bash tools/gpu_checks.sh l2-17      # L2 b=8 on the 1.7B shape with and without the tensor-core rows, in turns
 #   bash tools/gpu_checks.sh l1-17      # L1 on the 1.7B shape with and without its swept table rows, in turns
 #   bash tools/gpu_checks.sh serve      # offline L1 and T1, then SV1 with the engine loop in a process (needs .whl/)
@@ -72,7 +74,7 @@
 # limit so the last phase still ends (and is tarred) inside the device call:
 #   DEADLINE=560 bash tools/gpu_checks.sh tests-a tests-b
 set -u
-[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-pair-table | spec-unroll | spec-why | spec-demo | spec-b64 | spec-b64-host | spec-diag | host-probe | small-mixed | spec16c | spec-cost | spec-table | rej | spec16 | spec16b | gemv | gemv-swap | gemv-pf | gemv-engine | final24 | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | final15 | attn-spills | attn-best | p1-rows | bench2 | sizes-tests | sizes-t1 | l2-table | startup | uncompiled | uncompiled-s1 | pair26 | pair26b | final26 | untuned | verify26 | verify27 | sweep17 | pair27 | pair27b | head28 | pair28 | pair28b | l2-17 | l1-17 | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-pair-table | spec-unroll | spec-why | spec-demo | spec-b64 | spec-b64-host | spec-diag | host-probe | small-mixed | spec16c | spec-cost | spec-table | rej | spec16 | spec16b | gemv | gemv-swap | gemv-pf | gemv-engine | final24 | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | final15 | attn-spills | attn-best | p1-rows | bench2 | sizes-tests | sizes-t1 | l2-table | startup | uncompiled | uncompiled-s1 | pair26 | pair26b | final26 | untuned | verify26 | verify27 | sweep17 | pair27 | pair27b | head28 | pair28 | pair28b | pair29 | pair29b | l2-17 | l1-17 | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
 OUT=${OUT:-/tmp/out}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 END=$(( $(date +%s) + ${DEADLINE:-100000} ))
@@ -983,6 +985,31 @@ pair28b)
     tests/test_sampling_gumbel_split.py -k "observe or greedy" && python3 -m pytest -q -p no:cacheprovider -m gpu \
     tests/test_spec_eagle.py tests/test_spec_decode_graphs.py' > "$R/pytest_spec.log" 2>&1
   echo "pytest rc=$?" >> "$R/pytest_spec.log"
+  ;;
+pair29)
+  # issue 16, the draft model observing after the post-update (k draft-model passes a verify step, not k + 1): the
+  # observation kernel and the state kernels on CUDA, the GPU-marked verify-graph tests, then pair28's target (28
+  # layers of hidden 2048, 3 minutes) and the draft model's batch-1 TPOT against it at k = 3, 4. Carry data/cache
+  # (demo_corpus, and old_tree: `git archive` of the tree before the change); run pair29b next while warm
+  T 150 sh -c 'python3 -m pytest -q -p no:cacheprovider tests/test_spec_decode_units.py \
+    -k "draft_observe or observe_index or advance" && python3 -m pytest -q -p no:cacheprovider -m gpu \
+    tests/test_spec_decode_graphs.py' > "$R/pytest_spec.log" 2>&1
+  echo "pytest rc=$?" >> "$R/pytest_spec.log"
+  export TARGET_HIDDEN=2048 TARGET_HEADS=32 TARGET_KV_HEADS=16 TARGET_LAYERS=28 TARGET_BATCH=16
+  TARGET_MINUTES=${TARGET_MINUTES:-3} train_target
+  SPEC_KS=3,4 spec_b1 170 draft_model graphrunner/demo_model spec_draft
+  ;;
+pair29b)
+  # pair29's target, continued: the tree before the change (data/cache/old_tree) at k = 3, 4, then this tree at
+  # k = 2 and the kernels of its k = 3 verify step
+  ( cd data/cache/old_tree && PYTHONPATH=$PWD T 170 python3 tools/bench_spec.py --model /tmp/target --no-peer \
+    --method draft_model --draft-model ../../../graphrunner/demo_model --workloads text \
+    --text-ids ../demo_corpus/val.npy --batch-sizes 1 --k 3,4 --interleave --json "$R/spec_draft_old.json" \
+    > "$R/spec_draft_old.log" 2>&1 )
+  SPEC_KS=2 spec_b1 100 draft_model graphrunner/demo_model spec_draft_k2
+  T 90 python3 tools/bench_step_breakdown.py --model /tmp/target --steps 32 --profile-steps 6 \
+    --speculative-method draft_model --draft-model graphrunner/demo_model --num-speculative-tokens 3 \
+    --trace "$R/trace_draft.json" --json "$R/step_draft.json" > "$R/step_draft.log" 2>&1
   ;;
 l2-17)
   # the twenty-eighth session's tensor-core rows (qkv 4096 x 2048 and gate_up 12288 x 2048 up to M = 8, chosen on a
