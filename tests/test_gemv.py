@@ -373,6 +373,23 @@ def test_bad_switch_values_are_refused(name: str) -> None:
     assert got.returncode != 0 and f"{name} must be one of 0, 1" in got.stderr, got.stderr
 
 
+def test_few_program_sweep_space_times_only_what_the_default_space_leaves_out() -> None:
+    """tools/bench_kernels._sweep_dot_configs(space="few"): tensor-core shapes of one program per SM down to a quarter
+    of the SMs (the 0.6B o and down projections have 64 N tiles of 16: none of them in the default space, which wants
+    a program per two SMs), valid configs, and none the default space already times."""
+    from tests.tool_loader import load_tool
+
+    sweep = load_tool("bench_kernels")._sweep_dot_configs
+    for n, k in ((1024, 2048), (1024, 3072), (4096, 1024), (6144, 1024)):
+        many, few = sweep(n, k, 132), sweep(n, k, 132, "few")
+        assert few and not set(few) & set(many), (n, k)
+        for c in few:
+            programs = triton.cdiv(n, c.block_n) * c.split_k
+            assert 132 <= 4 * programs <= 4 * 132 and c.use_dot and c.split_k <= 2 and c.num_stages in (3, 4), c
+            assert c.block_n * c.block_k >= 4096 and (c.num_warps < 4 or 2 * programs < 132), c
+    assert GemvConfig(16, 512, 1, num_warps=4, num_stages=4, use_dot=True, swap_ab=True) in sweep(1024, 2048, 132, "few")
+
+
 def test_sweep_shapes_take_name_parts_and_explicit_weights() -> None:
     """tools/bench_kernels.select_shapes: a name part picks 0.6B shapes, "NxK" any weight (the trained spec target's
     layers are not 0.6B's), and a part that matches nothing is refused by name instead of sweeping nothing."""

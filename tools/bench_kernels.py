@@ -181,20 +181,29 @@ def _sweep_configs(n: int, k: int, sms: int) -> list[GemvConfig]:
     return out
 
 
-def _sweep_dot_configs(n: int, k: int, sms: int) -> list[GemvConfig]:
+def _sweep_dot_configs(n: int, k: int, sms: int, space: str = "many") -> list[GemvConfig]:
     """Tensor-core launch shapes (x padded to 16 rows) worth timing, in both orientations (x or the weight tile as
-    the MMA's A operand): N tiles of 16-128, K steps of 64-1024, split K up to 8, pipelines of 1-4 stages, at
-    least one program per two SMs. (Small K steps in deep pipelines keep a program's shared memory small, so
-    several programs share an SM and more weight bytes are in flight.)"""
+    the MMA's A operand). space "many": N tiles of 16-128, K steps of 64-1024, split K up to 8, pipelines of 1-4
+    stages, at least one program per two SMs. (Small K steps in deep pipelines keep a program's shared memory small,
+    so several programs share an SM and more weight bytes are in flight.) space "few": what "many" leaves out, one
+    program per SM or fewer (a quarter of the SMs at least) with 1-4 warps, 3-4 stages of 8 KB of weights or more,
+    K split at most in two: whole-K programs that stream their weight slice through a deep pipeline need no split-K
+    reduction."""
     kp = triton.next_power_of_2(k)
     out = []
+    few = space == "few"
     for swap, bn, bk, split, warps in itertools.product((False, True), (16, 32, 64, 128), (64, 128, 256, 512, 1024),
-                                                        (1, 2, 4, 8), (4, 8)):
-        if bk > kp or split * bk > kp or 2 * triton.cdiv(n, bn) * split < sms or (bn + 16) * bk // (32 * warps) > 192:
+                                                        (1, 2) if few else (1, 2, 4, 8), (1, 2, 4) if few else (4, 8)):
+        programs = triton.cdiv(n, bn) * split
+        if bk > kp or split * bk > kp or (bn + 16) * bk // (32 * warps) > 192 or (bn > 64 and not swap):
             continue
-        if (bn > 64 and not swap) or (warps == 8 and bn * bk < 16384):
+        # ("few" skips what "many" already times: 4 warps with at least one program per two SMs)
+        if few and (not sms <= 4 * programs <= 4 * sms or (warps == 4 and 2 * programs >= sms) or bn * bk < 4096):
             continue
-        for stages in (1, 2, 3, 4) if kp // (split * bk) >= 2 else (1,):
+        if not few and (2 * programs < sms or (warps == 8 and bn * bk < 16384)):
+            continue
+        stages_all = (3, 4) if few else (1, 2, 3, 4)
+        for stages in stages_all if kp // (split * bk) >= 2 else (1,):
             out.append(GemvConfig(bn, bk, split, num_warps=warps, num_stages=stages, use_dot=True, swap_ab=swap))
     return out
 
@@ -248,7 +257,8 @@ def write_tuned(path: Path, rows: list[dict]) -> None:
 
 
 def bench_gemv(shapes: dict[str, tuple[int, int]], ms: list[int], device: torch.device, reps: int,
-               sweep: bool, loop_from_table: bool = False, tuned_out: Path | None = None) -> list[dict]:
+               sweep: bool, loop_from_table: bool = False, tuned_out: Path | None = None,
+               dot_space: str = "many") -> list[dict]:
     """Per shape: cuBLAS and the GEMV (the tuned config serving each M, else the heuristic) at each M; with
     `sweep`, every row-loop candidate at the smallest M and every tensor-core candidate at the largest, the best
     of each at every M, and the plan (which serves which M) with the least total time: `best_configs`, written to
@@ -275,7 +285,11 @@ def bench_gemv(shapes: dict[str, tuple[int, int]], ms: list[int], device: torch.
             loop_candidates = tuned_loop or [default_config(n, k, device), *_sweep_configs(n, k, sms)]
             loops = _top_at_every_m(loop_candidates, min(ms), 6, xs, weights, device, reps)
             best_loop, loop_us = min(loops, key=lambda t: t[1][min(ms)])
-            dots = _top_at_every_m(_sweep_dot_configs(n, k, sms), max(ms), 4, xs, weights, device, reps)
+            # with --loop-from-table the table's own tensor-core config competes too (a narrower space can lose)
+            tuned_dot = [dataclasses.replace(c, max_m=MAX_M) for c in tuned_configs().get((n, k), ())
+                         if c.use_dot] if loop_from_table else []
+            dots = _top_at_every_m(tuned_dot + _sweep_dot_configs(n, k, sms, dot_space), max(ms), 4, xs, weights,
+                                   device, reps)
             best_dot, dot_us = min(dots, key=lambda t: sum(t[1].values())) if dots else (None, {})
             s, d = choose_plan(ms, row["torch_us"], loop_us, dot_us)
             configs = ([dataclasses.replace(best_loop, max_m=s)] if s else []) + (
@@ -304,6 +318,9 @@ def main() -> None:
     ap.add_argument("--loop-from-table", action="store_true",
                     help="with --sweep: the row loop of a shape already in the tuned table is its config there (only "
                     "the tensor-core configs are swept for it)")
+    ap.add_argument("--dot-space", choices=("many", "few"), default="many",
+                    help="with --sweep: the tensor-core launch shapes timed (few: one program per SM or fewer, "
+                    "which many leaves out)")
     ap.add_argument("--shapes", default="", help="comma-separated name parts, NxK weights or model:DIR (a model's "
                     "layers and LM head): only those GEMV shapes (e.g. qkv,o 2048 or 2048x1024 or model:/path/to/model)")
     ap.add_argument("--tuned-out", default=None,
@@ -323,7 +340,8 @@ def main() -> None:
         result["sampler"] = bench_sampler(batch_sizes, vocab, device, args.reps)
     if args.only in (None, "gemv"):
         result["gemv"] = bench_gemv(shapes, bench_common.parse_int_list(args.ms), device, args.reps, args.sweep,
-                                    args.loop_from_table, Path(args.tuned_out) if args.tuned_out else None)
+                                    args.loop_from_table, Path(args.tuned_out) if args.tuned_out else None,
+                                    args.dot_space)
     Path(args.json).write_text(json.dumps(result, indent=1))
     print(f"wrote {args.json}")
 

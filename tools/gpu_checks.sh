@@ -64,6 +64,8 @@
 #                                       # pair29b (the tree before it, k = 2, the verify step's kernels)
 #   bash tools/gpu_checks.sh l2-17      # L2 b=8 on the 1.7B shape with and without the tensor-core rows, in turns
 #   bash tools/gpu_checks.sh l1-17      # L1 on the 1.7B shape with and without its swept table rows, in turns
+#   bash tools/gpu_checks.sh l2-30      # issue 17's L2: GEMV launch shapes of one program per SM or fewer, swept,
+#                                       # then L2 at batch 8 with them and with the shipped table, in turns
 #   bash tools/gpu_checks.sh serve      # offline L1 and T1, then SV1 with the engine loop in a process (needs .whl/)
 #   bash tools/gpu_checks.sh serve-thread  # SV1 with the loop in a thread of the server (the old layout)
 #   bash tools/gpu_checks.sh tp         # on nvidia-h200-x2: TP tests (each test logged as it runs)
@@ -74,7 +76,7 @@
 # limit so the last phase still ends (and is tarred) inside the device call:
 #   DEADLINE=560 bash tools/gpu_checks.sh tests-a tests-b
 set -u
-[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-pair-table | spec-unroll | spec-why | spec-demo | spec-b64 | spec-b64-host | spec-diag | host-probe | small-mixed | spec16c | spec-cost | spec-table | rej | spec16 | spec16b | gemv | gemv-swap | gemv-pf | gemv-engine | final24 | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | final15 | attn-spills | attn-best | p1-rows | bench2 | sizes-tests | sizes-t1 | l2-table | startup | uncompiled | uncompiled-s1 | pair26 | pair26b | final26 | untuned | verify26 | verify27 | sweep17 | pair27 | pair27b | head28 | pair28 | pair28b | pair29 | pair29b | l2-17 | l1-17 | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-pair-table | spec-unroll | spec-why | spec-demo | spec-b64 | spec-b64-host | spec-diag | host-probe | small-mixed | spec16c | spec-cost | spec-table | rej | spec16 | spec16b | gemv | gemv-swap | gemv-pf | gemv-engine | final24 | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | final15 | attn-spills | attn-best | p1-rows | bench2 | sizes-tests | sizes-t1 | l2-table | startup | uncompiled | uncompiled-s1 | pair26 | pair26b | final26 | untuned | verify26 | verify27 | sweep17 | pair27 | pair27b | head28 | pair28 | pair28b | pair29 | pair29b | l2-30 | l2-30b | l2-17 | l1-17 | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
 OUT=${OUT:-/tmp/out}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 END=$(( $(date +%s) + ${DEADLINE:-100000} ))
@@ -1010,6 +1012,37 @@ pair29b)
   T 90 python3 tools/bench_step_breakdown.py --model /tmp/target --steps 32 --profile-steps 6 \
     --speculative-method draft_model --draft-model graphrunner/demo_model --num-speculative-tokens 3 \
     --trace "$R/trace_draft.json" --json "$R/step_draft.json" > "$R/step_draft.log" 2>&1
+  ;;
+l2-30)
+  # issue 17's L2: the tensor-core GEMV's launch shapes with one program per SM or fewer (bench_kernels --dot-space
+  # few, which the default sweep leaves out; the table's own config competes) for the 0.6B layer shapes, merged into
+  # a copy of the shipped table, then L2 at batch 8 with it and with the shipped table, in turns
+  model &
+  cp graphrunner/models/gemv_configs.json "$R/gemv_configs.json"
+  T "${SWEEP_LIMIT:-300}" python3 tools/bench_kernels.py --only gemv --sweep --loop-from-table --dot-space few \
+    --shapes "${GEMV_SHAPES:-o 2048,down,qkv,gate_up}" --ms 1,2,4,8 --tuned-out "$R/gemv_configs.json" \
+    --json "$R/bench_gemv.json" > "$R/bench_gemv.log" 2>&1
+  wait
+  for t in swept shipped swept shipped; do
+    [ $t = swept ] && export GRAPHRUNNER_GEMV_CONFIGS=$R/gemv_configs.json || unset GRAPHRUNNER_GEMV_CONFIGS
+    T 80 python3 tools/bench_latency.py --model /tmp/q06 --no-peer --workloads L2 --batch-sizes 8 \
+      --json "$R/l2_$t.json" >> "$R/l2_$t.log" 2>&1
+  done
+  unset GRAPHRUNNER_GEMV_CONFIGS
+  ;;
+l2-30b)
+  # l2-30's two winners in the committed table (qkv 4096 x 1024 and o 1024 x 2048 at M = 2-8) against the table
+  # before them (git HEAD~, or GEMV_OLD), L1 + L2 then L2 twice more, in turns; then the GEMV and 0.6B parity tests
+  model
+  git show "${GEMV_OLD:-HEAD~}:graphrunner/models/gemv_configs.json" > /tmp/gemv_old.json
+  i=0; for t in new old new old new old; do i=$((i + 1))
+    [ $t = old ] && export GRAPHRUNNER_GEMV_CONFIGS=/tmp/gemv_old.json || unset GRAPHRUNNER_GEMV_CONFIGS
+    w=L2; [ $i -le 2 ] && w=L1,L2
+    T 90 python3 tools/bench_latency.py --model /tmp/q06 --no-peer --workloads $w --batch-sizes 8 \
+      --json "$R/lat_${t}_$i.json" > "$R/lat_${t}_$i.log" 2>&1
+  done
+  unset GRAPHRUNNER_GEMV_CONFIGS
+  gemv_tests
   ;;
 l2-17)
   # the twenty-eighth session's tensor-core rows (qkv 4096 x 2048 and gate_up 12288 x 2048 up to M = 8, chosen on a
