@@ -385,9 +385,11 @@ def test_few_program_sweep_space_times_only_what_the_default_space_leaves_out() 
         assert few and not set(few) & set(many), (n, k)
         for c in few:
             programs = triton.cdiv(n, c.block_n) * c.split_k
-            assert 132 <= 4 * programs <= 4 * 132 and c.use_dot and c.split_k <= 2 and c.num_stages in (3, 4), c
+            assert 132 <= 4 * programs <= 4 * 132 and c.use_dot and c.split_k <= 4 and c.num_stages in (3, 4), c
             assert c.block_n * c.block_k >= 4096 and (c.num_warps < 4 or 2 * programs < 132), c
-    assert GemvConfig(16, 512, 1, num_warps=4, num_stages=4, use_dot=True, swap_ab=True) in sweep(1024, 2048, 132, "few")
+    for c in (GemvConfig(16, 512, 1, num_warps=4, num_stages=4, use_dot=True, swap_ab=True),  # whole K, 64 programs
+              GemvConfig(64, 256, 4, num_warps=4, num_stages=3, use_dot=True, swap_ab=True)):  # o's M = 8 row
+        assert c in sweep(1024, 2048, 132, "few"), c
 
 
 def test_sweep_shapes_take_name_parts_and_explicit_weights() -> None:
