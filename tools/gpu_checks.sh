@@ -76,7 +76,7 @@
 # limit so the last phase still ends (and is tarred) inside the device call:
 #   DEADLINE=560 bash tools/gpu_checks.sh tests-a tests-b
 set -u
-[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-pair-table | spec-unroll | spec-why | spec-demo | spec-b64 | spec-b64-host | spec-diag | host-probe | small-mixed | spec16c | spec-cost | spec-table | rej | spec16 | spec16b | gemv | gemv-swap | gemv-pf | gemv-engine | final24 | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | final15 | attn-spills | attn-best | p1-rows | bench2 | sizes-tests | sizes-t1 | l2-table | startup | uncompiled | uncompiled-s1 | pair26 | pair26b | final26 | untuned | verify26 | verify27 | sweep17 | pair27 | pair27b | head28 | pair28 | pair28b | pair29 | pair29b | l2-30 | l2-30b | l2-17 | l1-17 | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-pair-table | spec-unroll | spec-why | spec-demo | spec-b64 | spec-b64-host | spec-diag | host-probe | small-mixed | spec16c | spec-cost | spec-table | rej | spec16 | spec16b | gemv | gemv-swap | gemv-pf | gemv-engine | final24 | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | final15 | attn-spills | attn-best | p1-rows | bench2 | sizes-tests | sizes-t1 | l2-table | startup | uncompiled | uncompiled-s1 | pair26 | pair26b | final26 | untuned | verify26 | verify27 | sweep17 | pair27 | pair27b | head28 | pair28 | pair28b | pair29 | pair29b | l2-30 | l2-30b | partials30 | l2-17 | l1-17 | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
 OUT=${OUT:-/tmp/out}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 END=$(( $(date +%s) + ${DEADLINE:-100000} ))
@@ -1043,6 +1043,23 @@ l2-30b)
   done
   unset GRAPHRUNNER_GEMV_CONFIGS
   gemv_tests
+  ;;
+partials30)
+  # models/linear_add_norm.py on CUDA (the ops bit-equal to the unfused path at M = 1..9, opcheck), L2 at batch 8
+  # with it on and off (GRAPHRUNNER_GEMV_PARTIALS), in turns, then the engine tests it touches (0.6B bf16 against
+  # HF and graphs == eager, the fused add + norm graphs, every capture mode == eager on the tiny models)
+  model &
+  T 120 python3 -m pytest -q -p no:cacheprovider tests/test_linear_add_norm.py > "$R/pytest_lan.log" 2>&1
+  echo "pytest rc=$?" >> "$R/pytest_lan.log"
+  wait
+  for t in on off on off; do
+    [ $t = on ] && p=1 || p=0
+    GRAPHRUNNER_GEMV_PARTIALS=$p T 80 python3 tools/bench_latency.py --model /tmp/q06 --no-peer --workloads L2 \
+      --batch-sizes 8 --json "$R/l2_$t.json" >> "$R/l2_$t.log" 2>&1
+  done
+  T 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu_engine.py tests/test_add_norm.py \
+    tests/test_gpu_capture.py -k "06b or fused_add_norm or modes or identical" > "$R/pytest_gpu.log" 2>&1
+  echo "pytest rc=$?" >> "$R/pytest_gpu.log"
   ;;
 l2-17)
   # the twenty-eighth session's tensor-core rows (qkv 4096 x 2048 and gate_up 12288 x 2048 up to M = 8, chosen on a

@@ -47,19 +47,16 @@ class DecoderLayer(nn.Module):
             hidden = hidden + self.self_attn(norm(hidden), cos, sin)
         return hidden + self.mlp(hidden, norm=self.post_attention_layernorm)
 
-    def forward_fused(self, residual: torch.Tensor, delta: torch.Tensor | None, cos: torch.Tensor,
-                      sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The same layer with each residual add and the norm after it in one op (graphrunner::add_rms_norm):
-        the hidden state is residual + delta ([T, H] each; delta None before the first layer). Returns the new
-        (residual, delta): the residual through attention, and the MLP's output still to be added."""
-        ln1, ln2 = self.input_layernorm, self.post_attention_layernorm
-        if delta is None:
-            normed = ln1(residual)
-        else:
-            normed, residual = norm_mod.add_rms_norm(delta, residual, ln1.weight, ln1.eps)
-        attn = self.self_attn(normed, cos, sin)
-        normed, residual = norm_mod.add_rms_norm(attn, residual, ln2.weight, ln2.eps)
-        return residual, self.mlp(normed)
+    def forward_fused(self, residual: torch.Tensor, normed: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                      next_norm: RMSNorm) -> tuple[torch.Tensor, torch.Tensor]:
+        """The same layer with each residual add and the norm after it in one op (graphrunner::add_rms_norm, or
+        with the projection before it: models.linear_add_norm). Takes the hidden state (`residual` [T, H]) and its
+        input norm (`normed`); returns the hidden state after the layer and `next_norm` of it (the next layer's
+        input norm, or the final norm)."""
+        attn = self.self_attn.attend(normed, cos, sin)  # [T, Hq*D], o_proj still to apply
+        normed, residual = self.self_attn.o_proj.forward_add_norm(attn, residual, self.post_attention_layernorm)
+        normed, residual = self.mlp.forward_add_norm(normed, residual, next_norm)
+        return residual, normed
 
 
 class DecoderModel(nn.Module):
@@ -85,10 +82,11 @@ class DecoderModel(nn.Module):
         hidden = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds  # [T, H]
         cos, sin = self.rotary_emb(positions, hidden.dtype)  # each [T, 1, D/2]
         if norm_mod.FUSED_ADD_NORM and self.layers:
-            delta = None
-            for layer in self.layers:
-                hidden, delta = layer.forward_fused(hidden, delta, cos, sin)
-            return norm_mod.add_rms_norm(delta, hidden, self.norm.weight, self.norm.eps)[0]
+            normed = self.layers[0].input_layernorm(hidden)
+            next_norms = [layer.input_layernorm for layer in self.layers[1:]] + [self.norm]
+            for layer, next_norm in zip(self.layers, next_norms, strict=True):
+                hidden, normed = layer.forward_fused(hidden, normed, cos, sin, next_norm)
+            return normed
         for layer in self.layers:
             hidden = layer(hidden, cos, sin)
         return self.norm(hidden)

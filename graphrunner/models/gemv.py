@@ -264,6 +264,7 @@ def _gemv_kernel(
     SWAP_AB: tl.constexpr,  # (USE_DOT) the weight tile is the MMA's A operand: the accumulator is out^T
     PREFETCH: tl.constexpr,  # (PDL, BLOCK_K >= 64) the program's weight slice is asked of L2 before the wait
     PDL: tl.constexpr,  # launched with programmatic dependent launch (graphrunner.pdl)
+    PARTIALS: tl.constexpr = False,  # (SPLIT) store the float32 partials only: a consumer sums them (linear_add_norm)
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -325,6 +326,7 @@ def _gemv_kernel(
     else:
         part_rows = part_ptr + (pid_k * M + rows[:, None]).to(tl.int64) * N + offs_n[None, :]
         tl.store(part_rows, acc, mask=mask)
+    if SPLIT and not PARTIALS:
         tl.debug_barrier()  # every thread's partial is stored before the release below publishes them
         done = tl.atomic_add(counter_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
         if done == num_splits - 1:  # the last split of this tile sums all partials, in split order
@@ -375,6 +377,12 @@ def gemv_ref(x: Tensor, weight: Tensor, bias: Tensor | None, silu_mul: bool = Fa
     return out.to(x.dtype)
 
 
+def split_plan(k: int, config: GemvConfig) -> tuple[int, int]:
+    """(K per split, a multiple of block_k; the number of splits, never an empty one) of a launch over K."""
+    k_per_split = triton.cdiv(triton.cdiv(k, config.split_k), config.block_k) * config.block_k
+    return k_per_split, triton.cdiv(k, k_per_split)
+
+
 def gemv_triton(x: Tensor, weight: Tensor, bias: Tensor | None, config: GemvConfig | None = None,
                 norm: tuple[Tensor, float] | None = None, silu_mul: bool = False) -> Tensor:
     """x [M <= 8, K] @ weight [N, K]^T (+ bias [N]) -> [M, N] in x's dtype, float32 accumulation. With
@@ -398,8 +406,7 @@ def gemv_triton(x: Tensor, weight: Tensor, bias: Tensor | None, config: GemvConf
     weight = weight if weight.stride(1) == 1 else weight.contiguous()
     cfg = config or default_config(n, k, x.device)
     tiles = triton.cdiv(n, cfg.block_n)
-    k_per_split = triton.cdiv(triton.cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
-    split_k = triton.cdiv(k, k_per_split)  # never an empty split
+    k_per_split, split_k = split_plan(k, cfg)
     counters = _counter_buffer(x.device) if split_k > 1 and tiles <= _MAX_TILES else None
     if counters is None:  # (only before the first eager call on a device, or with too many tiles)
         k_per_split, split_k = k, 1

@@ -6,9 +6,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from graphrunner.models import gate_up_act, gemv
+from graphrunner.models import gate_up_act, gemv, linear_add_norm
 from graphrunner.models.gemv import routes_to_gemv
-from graphrunner.models.norm import RMSNorm
+from graphrunner.models.norm import RMSNorm, add_rms_norm
 from graphrunner.models.parallel_linear import RowParallelLinear, ShardedMergedLinear
 from graphrunner.parallel_state import shard_range
 
@@ -34,6 +34,17 @@ class GatedMLP(nn.Module):
             return out if down.world == 1 else down.reduce(out)
         gate_up = self.gate_up_proj(x) if norm is None else self.gate_up_proj.forward_normed(x, norm)  # [T, 2I]
         return self.down_proj.forward_gated(gate_up)  # (models.linear.silu_mul_linear may fold the activation in)
+
+    def forward_add_norm(self, x: torch.Tensor, residual: torch.Tensor,
+                         norm: RMSNorm) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(residual + self(x)), residual + self(x)), x already normed: one op (models.linear_add_norm) where
+        the MLP is one op and the down weight whole, so the down GEMV's split partials go straight to the add + norm."""
+        down = self.down_proj
+        if self._one_op(x, None) and down.world == 1 and linear_add_norm.routes(x, down.weight):
+            gate_up = self.gate_up_proj
+            return linear_add_norm.gated_mlp_add_rms_norm(x, gate_up.weight, gate_up.bias, down.weight, down.bias,
+                                                          residual, norm.weight, norm.eps)
+        return add_rms_norm(self(x), residual, norm.weight, norm.eps)
 
     def _one_op(self, x: torch.Tensor, norm: RMSNorm | None) -> bool:
         """Whether the MLP runs as `graphrunner::small_m_gated_mlp` (GRAPHRUNNER_GEMV_GATED_ACT=1, both weights

@@ -108,6 +108,13 @@ def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, stride_x, stri
     offs = tl.arange(0, BLOCK)
     mask = offs < D
     x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
+    add_norm_row(x, res_ptr, w_ptr, out_ptr, sum_ptr, row, offs, mask, stride_r, stride_o, stride_s, D, eps)
+
+
+@triton.jit
+def add_norm_row(x, res_ptr, w_ptr, out_ptr, sum_ptr, row, offs, mask, stride_r, stride_o, stride_s, D, eps):
+    """One row of add_rms_norm_ref from its loaded x [BLOCK] (the residual's dtype): the sum stored, then its norm.
+    Shared with linear_add_norm's kernel, whose x is a projection's split-K partials summed."""
     r = tl.load(res_ptr + row * stride_r + offs, mask=mask, other=0.0)
     summed = (r.to(tl.float32) + x.to(tl.float32)).to(x.dtype)  # rounded like eager PyTorch's add
     tl.store(sum_ptr + row * stride_s + offs, summed, mask=mask)

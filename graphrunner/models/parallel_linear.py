@@ -14,7 +14,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from graphrunner.models import linear_add_norm
 from graphrunner.models.linear import Linear, MergedLinear, linear, silu_mul_linear
+from graphrunner.models.norm import RMSNorm, add_rms_norm
 from graphrunner.parallel_state import tp_all_gather, tp_all_reduce, tp_rank, tp_size, vocab_range
 
 
@@ -63,6 +65,14 @@ class RowParallelLinear(Linear):
         if self.world == 1:
             return super().forward_gated(gate_up)
         return self.reduce(silu_mul_linear(gate_up, self.weight))
+
+    def forward_add_norm(self, x: torch.Tensor, residual: torch.Tensor,
+                         norm: RMSNorm) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(residual + self(x)), residual + self(x)): one op (models.linear_add_norm) where it routes and the
+        weight is whole (with tensor parallelism the sum is all-reduced first: the add_rms_norm op after it)."""
+        if self.world == 1 and linear_add_norm.routes(x, self.weight):
+            return linear_add_norm.linear_add_rms_norm(x, self.weight, self.bias, residual, norm.weight, norm.eps)
+        return add_rms_norm(self(x), residual, norm.weight, norm.eps)
 
     def reduce(self, partial: torch.Tensor) -> torch.Tensor:
         """The ranks' partial products summed, then the bias added once."""

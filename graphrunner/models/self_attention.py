@@ -55,10 +55,16 @@ class SelfAttention(nn.Module):
                 norm: RMSNorm | None = None) -> torch.Tensor:
         """hidden [T, hidden], cos/sin [T, 1, D/2] -> [T, hidden]; `norm`: the layer's input norm, applied here
         (models.linear.norm_linear may fold it into the QKV projection)."""
+        return self.o_proj(self.attend(hidden, cos, sin, norm))
+
+    def attend(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+               norm: RMSNorm | None = None) -> torch.Tensor:
+        """forward without o_proj: the attention output [T, Hq*D] (the decoder may fold o_proj into the add + norm
+        after it, o_proj.forward_add_norm)."""
         t = hidden.shape[0]
         qkv = self.qkv_proj(hidden) if norm is None else self.qkv_proj.forward_normed(hidden, norm)  # [T, (Hq+2Hkv)D]
         if qkv_prep.FUSED_QKV_PREP:  # q/k norm, rope and the cache write in one kernel
-            return self.o_proj(self._fused_attention(qkv, cos, sin))
+            return self._fused_attention(qkv, cos, sin)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         # unflatten / clone rather than reshape / contiguous: on the strided split those ask whether T == 1,
         # and torch.compile would then trace a second graph for one-token steps (capture/compiled.py)
@@ -69,8 +75,7 @@ class SelfAttention(nn.Module):
             k = self.k_norm(k)
         q = apply_rotary(q, cos, sin).reshape(t, self.q_size)  # [T, Hq*D]
         k = apply_rotary(k, cos, sin).reshape(t, self.kv_size)  # [T, Hkv*D]
-        out = self.attn(q, k, v.clone(memory_format=torch.contiguous_format))  # [T, Hq*D]
-        return self.o_proj(out)
+        return self.attn(q, k, v.clone(memory_format=torch.contiguous_format))  # [T, Hq*D]
 
     def _fused_attention(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """qkv [T, (Hq + 2 Hkv) D] -> attention output [T, Hq*D] through graphrunner::paged_attention_qkv."""
