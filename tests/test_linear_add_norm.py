@@ -151,3 +151,16 @@ def test_gpu_ops_pass_opcheck() -> None:
                                                                               scale=0.02)
     torch.library.opcheck(torch.ops.graphrunner.gated_mlp_add_rms_norm.default,
                           (h, gu, None, down, None, residual, norm_w, 1e-6), test_utils=("test_schema", "test_faketensor"))
+
+
+def test_bad_switch_value_is_refused() -> None:
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {**os.environ, "GRAPHRUNNER_GEMV_PARTIALS": "yes"}
+    got = subprocess.run([sys.executable, "-c", "import graphrunner.models.linear_add_norm"], env=env,
+                         capture_output=True, text=True, check=False, timeout=120,
+                         cwd=Path(__file__).resolve().parents[1])
+    assert got.returncode != 0 and "GRAPHRUNNER_GEMV_PARTIALS must be one of 0, 1" in got.stderr, got.stderr
