@@ -90,6 +90,9 @@ T() {
 # lat NAME: L1 and L2 (batch 8) on the bench model under the caller's environment, into $R/NAME.{json,log}
 lat() { T "${LAT_LIMIT:-130}" python3 tools/bench_latency.py --model /tmp/q06 --no-peer --workloads L1,L2 --batch-sizes 8 \
   --json "$R/$1.json" > "$R/$1.log" 2>&1; }
+# l2b8 NAME: L2 at batch 8 alone on the bench model under the caller's environment, appended to $R/l2_NAME.{json,log}
+l2b8() { T 80 python3 tools/bench_latency.py --model /tmp/q06 --no-peer --workloads L2 --batch-sizes 8 \
+  --json "$R/l2_$1.json" >> "$R/l2_$1.log" 2>&1; }
 model() { [ -d /tmp/q06 ] || python3 tools/make_bench_model.py --out /tmp/q06 --tokenizer > "$R/make_model.log" 2>&1; }
 # random-weight proposers with the target's vocabulary: an 8-layer draft of the demo model's shape and an EAGLE
 # head trained for two steps (a verify step's cost does not depend on what they propose: it is always 1 + k tokens)
@@ -1025,8 +1028,7 @@ l2-30)
   wait
   for t in swept shipped swept shipped; do
     [ $t = swept ] && export GRAPHRUNNER_GEMV_CONFIGS=$R/gemv_configs.json || unset GRAPHRUNNER_GEMV_CONFIGS
-    T 80 python3 tools/bench_latency.py --model /tmp/q06 --no-peer --workloads L2 --batch-sizes 8 \
-      --json "$R/l2_$t.json" >> "$R/l2_$t.log" 2>&1
+    l2b8 $t
   done
   unset GRAPHRUNNER_GEMV_CONFIGS
   ;;
@@ -1054,8 +1056,7 @@ partials30)
   wait
   for t in on off on off; do
     [ $t = on ] && p=1 || p=0
-    GRAPHRUNNER_GEMV_PARTIALS=$p T 80 python3 tools/bench_latency.py --model /tmp/q06 --no-peer --workloads L2 \
-      --batch-sizes 8 --json "$R/l2_$t.json" >> "$R/l2_$t.log" 2>&1
+    GRAPHRUNNER_GEMV_PARTIALS=$p l2b8 $t
   done
   T 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu_engine.py tests/test_add_norm.py \
     tests/test_gpu_capture.py -k "06b or fused_add_norm or modes or identical" > "$R/pytest_gpu.log" 2>&1

@@ -383,6 +383,24 @@ def split_plan(k: int, config: GemvConfig) -> tuple[int, int]:
     return k_per_split, triton.cdiv(k, k_per_split)
 
 
+def launch_gemv(x: Tensor, weight: Tensor, bias: Tensor | None, norm: tuple[Tensor, float] | None, silu_mul: bool,
+                cfg: GemvConfig, out: Tensor, part: Tensor, counters: Tensor | None, k_per_split: int, split_k: int,
+                partials: bool = False) -> None:
+    """One _gemv_kernel launch into out [M, N] (split_k > 1: through part [split_k, M, N] float32 and the tile
+    counters; with `partials`, into part only, unsummed). x and weight unit stride along K."""
+    m, n, k = x.shape[0], weight.shape[0], weight.shape[1]
+    pdl = use_pdl(x.device)
+    _gemv_kernel[(triton.cdiv(n, cfg.block_n), split_k)](  # (unused pointers: `out` stands in)
+        x, weight, bias if bias is not None else out, norm[0] if norm is not None else out, out, part,
+        counters if counters is not None else out, m, n, k, x.stride(0), weight.stride(0), out.stride(0),
+        k_per_split, split_k, float(norm[1]) if norm is not None else 0.0,
+        M_PAD=16 if cfg.use_dot else triton.next_power_of_2(m), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        SPLIT=split_k > 1, HAS_BIAS=bias is not None, USE_DOT=cfg.use_dot, NORM=norm is not None, ACT=silu_mul,
+        SWAP_AB=cfg.swap_ab, PREFETCH=prefetch_on(pdl, cfg.block_k), PDL=pdl, PARTIALS=partials,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl,
+    )
+
+
 def gemv_triton(x: Tensor, weight: Tensor, bias: Tensor | None, config: GemvConfig | None = None,
                 norm: tuple[Tensor, float] | None = None, silu_mul: bool = False) -> Tensor:
     """x [M <= 8, K] @ weight [N, K]^T (+ bias [N]) -> [M, N] in x's dtype, float32 accumulation. With
@@ -395,8 +413,7 @@ def gemv_triton(x: Tensor, weight: Tensor, bias: Tensor | None, config: GemvConf
         check_tensor(norm[0], "norm weight", x.dtype, 1, x.device)
         if norm[0].shape[0] != x.shape[1]:
             raise ValueError(f"norm weight [{norm[0].shape[0]}] does not match K = {x.shape[1]}")
-    m, k = x.shape[0], weight.shape[1]
-    n = weight.shape[0]
+    m, n, k = x.shape[0], weight.shape[0], weight.shape[1]
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)  # [M, N]
     if m == 0 or n == 0:
         return out
@@ -411,17 +428,7 @@ def gemv_triton(x: Tensor, weight: Tensor, bias: Tensor | None, config: GemvConf
     if counters is None:  # (only before the first eager call on a device, or with too many tiles)
         k_per_split, split_k = k, 1
     part = torch.empty(split_k, m, n, dtype=torch.float32, device=x.device) if split_k > 1 else out
-    bias_arg = bias if bias is not None else out  # unused when HAS_BIAS is off
-    pdl = use_pdl(x.device)
-    _gemv_kernel[(tiles, split_k)](
-        x, weight, bias_arg, norm[0] if norm is not None else out, out, part, counters if counters is not None else out,
-        m, n, k, x.stride(0), weight.stride(0), out.stride(0), k_per_split, split_k,
-        float(norm[1]) if norm is not None else 0.0, M_PAD=16 if cfg.use_dot else triton.next_power_of_2(m),
-        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT=split_k > 1, HAS_BIAS=bias is not None, USE_DOT=cfg.use_dot,
-        NORM=norm is not None, ACT=silu_mul, SWAP_AB=cfg.swap_ab,
-        PREFETCH=prefetch_on(pdl, cfg.block_k), PDL=pdl,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl,
-    )
+    launch_gemv(x, weight, bias, norm, silu_mul, cfg, out, part, counters, k_per_split, split_k)
     return out
 
 

@@ -28,7 +28,7 @@ ENABLED = env_choice("GRAPHRUNNER_GEMV_PARTIALS", ("0", "1"), "1") == "1"
 def routes(x: Tensor, weight: Tensor) -> bool:
     """Whether the decoder hands this projection and the add + norm after it to one op of this module (decided at
     trace time, from metadata): the switch on, and a weight `linear()` would send to the GEMV."""
-    return ENABLED and norm_mod.FUSED_ADD_NORM and x.dim() == 2 and routes_to_gemv(weight)
+    return ENABLED and x.dim() == 2 and routes_to_gemv(weight)
 
 
 def split_config(m: int, weight: Tensor, device: torch.device) -> GemvConfig | None:
@@ -50,15 +50,7 @@ def gemv_partials(x: Tensor, weight: Tensor, config: GemvConfig) -> Tensor:  # [
         return part
     x = x if x.stride(1) == 1 else x.contiguous()
     weight = weight if weight.stride(1) == 1 else weight.contiguous()
-    pdl = use_pdl(x.device)
-    # (bias, norm weight, out and counters unused on this path: `part` stands in for them)
-    gemv._gemv_kernel[(triton.cdiv(n, config.block_n), splits)](
-        x, weight, part, part, part, part, part, m, n, k, x.stride(0), weight.stride(0), n, k_per_split, splits, 0.0,
-        M_PAD=16 if config.use_dot else triton.next_power_of_2(m), BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-        SPLIT=True, HAS_BIAS=False, USE_DOT=config.use_dot, NORM=False, ACT=False, SWAP_AB=config.swap_ab,
-        PREFETCH=gemv.prefetch_on(pdl, config.block_k), PDL=pdl, PARTIALS=True,
-        num_warps=config.num_warps, num_stages=config.num_stages, launch_pdl=pdl,
-    )
+    gemv.launch_gemv(x, weight, None, None, False, config, part, part, None, k_per_split, splits, partials=True)
     return part
 
 
