@@ -66,6 +66,8 @@
 #   bash tools/gpu_checks.sh l1-17      # L1 on the 1.7B shape with and without its swept table rows, in turns
 #   bash tools/gpu_checks.sh l2-30      # issue 17's L2: GEMV launch shapes of one program per SM or fewer, swept,
 #                                       # then L2 at batch 8 with them and with the shipped table, in turns
+#   bash tools/gpu_checks.sh early31    # issue 17: decode attention's early KV loads: kernel tests on CUDA, L1/L2 on
+#                                       # and off in turns, GPU engine/capture/verify tests
 #   bash tools/gpu_checks.sh serve      # offline L1 and T1, then SV1 with the engine loop in a process (needs .whl/)
 #   bash tools/gpu_checks.sh serve-thread  # SV1 with the loop in a thread of the server (the old layout)
 #   bash tools/gpu_checks.sh tp         # on nvidia-h200-x2: TP tests (each test logged as it runs)
@@ -76,7 +78,7 @@
 # limit so the last phase still ends (and is tarred) inside the device call:
 #   DEADLINE=560 bash tools/gpu_checks.sh tests-a tests-b
 set -u
-[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-pair-table | spec-unroll | spec-why | spec-demo | spec-b64 | spec-b64-host | spec-diag | host-probe | small-mixed | spec16c | spec-cost | spec-table | rej | spec16 | spec16b | gemv | gemv-swap | gemv-pf | gemv-engine | final24 | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | final15 | attn-spills | attn-best | p1-rows | bench2 | sizes-tests | sizes-t1 | l2-table | startup | uncompiled | uncompiled-s1 | pair26 | pair26b | final26 | untuned | verify26 | verify27 | sweep17 | pair27 | pair27b | head28 | pair28 | pair28b | pair29 | pair29b | l2-30 | l2-30b | partials30 | l2-17 | l1-17 | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-pair-table | spec-unroll | spec-why | spec-demo | spec-b64 | spec-b64-host | spec-diag | host-probe | small-mixed | spec16c | spec-cost | spec-table | rej | spec16 | spec16b | gemv | gemv-swap | gemv-pf | gemv-engine | final24 | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | final15 | attn-spills | attn-best | p1-rows | bench2 | sizes-tests | sizes-t1 | l2-table | startup | uncompiled | uncompiled-s1 | pair26 | pair26b | final26 | untuned | verify26 | verify27 | sweep17 | pair27 | pair27b | head28 | pair28 | pair28b | pair29 | pair29b | l2-30 | l2-30b | partials30 | early31 | l2-17 | l1-17 | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
 OUT=${OUT:-/tmp/out}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 END=$(( $(date +%s) + ${DEADLINE:-100000} ))
@@ -1060,6 +1062,26 @@ partials30)
   done
   T 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu_engine.py tests/test_add_norm.py \
     tests/test_gpu_capture.py -k "06b or fused_add_norm or modes or identical" > "$R/pytest_gpu.log" 2>&1
+  echo "pytest rc=$?" >> "$R/pytest_gpu.log"
+  ;;
+early31)
+  # decode attention's early KV loads (GRAPHRUNNER_ATTN_EARLY_KV): the attention, PDL and linear_add_norm kernels on
+  # CUDA (bit-equal with it off, against the reference; linear_add_norm after the launch_gemv refactor), L1 and L2
+  # at batch 8 with it on and off, in turns, then the GPU engine, capture and verify-graph tests it touches
+  model &
+  T 200 python3 -m pytest -q -p no:cacheprovider tests/test_attention_early_kv.py tests/test_pdl.py \
+    tests/test_attention_prefetch.py tests/test_attention_triton.py tests/test_linear_add_norm.py \
+    > "$R/pytest_kernels.log" 2>&1
+  echo "pytest rc=$?" >> "$R/pytest_kernels.log"
+  wait
+  for t in on1 off1 on2 off2; do
+    [ "${t%?}" = on ] && e=1 || e=0
+    GRAPHRUNNER_ATTN_EARLY_KV=$e lat "early_$t"
+  done
+  T 240 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu_engine.py tests/test_gpu_capture.py \
+    tests/test_pdl.py tests/test_attention_prefetch.py tests/test_spec_decode_graphs.py \
+    -k "06b or modes or identical or pdl or prefetch or without_speculation or never_synchronises" \
+    > "$R/pytest_gpu.log" 2>&1
   echo "pytest rc=$?" >> "$R/pytest_gpu.log"
   ;;
 l2-17)
