@@ -46,15 +46,17 @@ def _batch(context_lens: list[int], hkv: int, d: int, block_size: int, seed: int
     ([3], 7, None, 16),  # more splits than keys
     ([150, 77], 1, None, 4),  # several tiles after the early one
 ])
+@pytest.mark.parametrize("early_v", [True, False])  # V before the wait too, or only K
 def test_early_kv_is_bit_equal_and_matches_the_reference(monkeypatch: pytest.MonkeyPatch, context_lens: list[int],
-                                                         num_splits: int, window: int | None,
-                                                         block_size: int) -> None:
+                                                         num_splits: int, window: int | None, block_size: int,
+                                                         early_v: bool) -> None:
     if DEVICE == "cuda" and not _PDL_CAPABLE:
         pytest.skip("PDL needs compute capability 9.0 or more")
     hkv, d = 2, 24  # GQA group 2, head dim not a power of two
     meta, cache, query = _batch(context_lens, hkv, d, block_size, sum(context_lens) + num_splits)
     outs = []
     _force_pdl(monkeypatch, True)
+    monkeypatch.setattr(triton_attention, "EARLY_V", early_v)
     for on in (False, True):
         monkeypatch.setattr(triton_attention, "EARLY_KV", on)
         outs.append(triton_attention.unified_attention(query, cache, meta, d ** -0.5, sliding_window=window,
@@ -66,8 +68,9 @@ def test_early_kv_is_bit_equal_and_matches_the_reference(monkeypatch: pytest.Mon
 
 @pytest.mark.skipif(DEVICE != "cpu" or not interpreted(), reason="the stand-in wait runs under the interpreter")
 @pytest.mark.parametrize("context_len", [1, 2, 3, 40, 64, 65, 66, 130])
-def test_rows_from_ctx_minus_one_are_read_only_after_the_wait(monkeypatch: pytest.MonkeyPatch,
-                                                              context_len: int) -> None:
+@pytest.mark.parametrize("early_v", [True, False])
+def test_rows_from_ctx_minus_one_are_read_only_after_the_wait(monkeypatch: pytest.MonkeyPatch, context_len: int,
+                                                              early_v: bool) -> None:
     """One request, one KV head, one split: a single program. Its rows at positions >= ctx - 1 (ctx = context_len
     - 1) hold NaN until the wait; the stand-in wait writes their values, as the kernel before it would. If the kernel
     used a load of them from before the wait, the output would be NaN."""
@@ -88,6 +91,7 @@ def test_rows_from_ctx_minus_one_are_read_only_after_the_wait(monkeypatch: pytes
 
     _force_pdl(monkeypatch, True)
     monkeypatch.setattr(triton_attention, "EARLY_KV", True)
+    monkeypatch.setattr(triton_attention, "EARLY_V", early_v)
     monkeypatch.setattr(triton_attention, "pdl_wait", wait)
     out = triton_attention.unified_attention(query, cache, meta, d ** -0.5, out=torch.empty_like(query))
     assert waits == [True]

@@ -55,7 +55,9 @@ PREFETCH_KV = env_choice("GRAPHRUNNER_ATTN_PREFETCH", ("0", "1"), "1") == "1"
 # A decode-only launch with PDL loads its first key tile before its wait, so the block-table and KV reads overlap
 # the kernel before it (the q/k prologue); GRAPHRUNNER_ATTN_EARLY_KV=0 loads everything after the wait. Bit-equal
 # either way. Why those reads are safe before the wait: `early_kv` (and docs/DECISIONS.md).
-EARLY_KV = env_choice("GRAPHRUNNER_ATTN_EARLY_KV", ("0", "1"), "1") == "1"
+# (=k: only K before the wait, V after it.)
+_EARLY = env_choice("GRAPHRUNNER_ATTN_EARLY_KV", ("0", "1", "k"), "1")
+EARLY_KV, EARLY_V = _EARLY != "0", _EARLY == "1"
 _MAX_TILES = 16384
 _counters: dict[torch.device, torch.Tensor] = {}
 
@@ -109,7 +111,7 @@ def _unified_attention_kernel(
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, TILE: tl.constexpr, NUM_SPLITS: tl.constexpr,
     USE_WINDOW: tl.constexpr, USE_SOFTCAP: tl.constexpr, FP32_DOT: tl.constexpr, PDL: tl.constexpr,
-    FOLD_MERGE: tl.constexpr, PREFETCH: tl.constexpr, EARLY_KV: tl.constexpr,
+    FOLD_MERGE: tl.constexpr, PREFETCH: tl.constexpr, EARLY_KV: tl.constexpr, EARLY_V: tl.constexpr,
 ):
     # Before the wait a program may read only what non-PDL kernels or earlier launches wrote (the step's inputs,
     # and with EARLY_KV the KV rows early_kv_rows allows); everything else after it (graphrunner.pdl)
@@ -165,12 +167,16 @@ def _unified_attention_kernel(
                 + d[None, :]
             old = (n_ok & (n < ctx - 1))[:, None] & d_ok[None, :]
             k = tl.load(k_ptr + kv_off, mask=old, other=0.0)
-            v = tl.load(v_ptr + vv_off, mask=old, other=0.0)
+            if EARLY_V:
+                v = tl.load(v_ptr + vv_off, mask=old, other=0.0)
             blk_next = tl.load(bt_row + (n + TILE) // BLOCK_SIZE, mask=n + TILE < hi, other=0)
             pdl_wait()
             new = (n_ok & (n >= ctx - 1))[:, None] & d_ok[None, :]
             k = tl.load(k_ptr + kv_off, mask=new, other=k)
-            v = tl.load(v_ptr + vv_off, mask=new, other=v)
+            if EARLY_V:
+                v = tl.load(v_ptr + vv_off, mask=new, other=v)
+            else:
+                v = tl.load(v_ptr + vv_off, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
             q = tl.load(q_ptrs, mask=q_mask, other=0.0)
             m_i, l_i, acc = _softmax_tile(q, k, v, n, n_ok, q_pos, m_i, l_i, acc, scale, softcap, window, USE_WINDOW,
                                           USE_SOFTCAP, FP32_DOT)
@@ -380,7 +386,8 @@ def _launch(query: torch.Tensor, layer_cache: torch.Tensor, query_start_loc: tor
         GROUP=group, HEAD_DIM=dim, D_PAD=d_pad, BLOCK_SIZE=block_size, BLOCK_Q=block_q, BLOCK_M=block_m,
         TILE=max(TILE_N, block_size), NUM_SPLITS=num_splits, USE_WINDOW=sliding_window >= 0,
         USE_SOFTCAP=softcap > 0, FP32_DOT=query.dtype == torch.float32, PDL=pdl, FOLD_MERGE=counters is not None,
-        PREFETCH=PREFETCH_KV, EARLY_KV=early_kv(pdl, max_query_len), num_warps=warps, launch_pdl=pdl,
+        PREFETCH=PREFETCH_KV, EARLY_KV=early_kv(pdl, max_query_len), EARLY_V=EARLY_V,
+        num_warps=warps, launch_pdl=pdl,
     )
     if num_splits > 1 and counters is None:
         _merge_splits_kernel[(t, hq)](part_acc, part_ml, out, out.stride(0), out.stride(1), t, hq,
