@@ -66,8 +66,7 @@
 #   bash tools/gpu_checks.sh l1-17      # L1 on the 1.7B shape with and without its swept table rows, in turns
 #   bash tools/gpu_checks.sh l2-30      # issue 17's L2: GEMV launch shapes of one program per SM or fewer, swept,
 #                                       # then L2 at batch 8 with them and with the shipped table, in turns
-#   bash tools/gpu_checks.sh early31    # issue 17: decode attention's early KV loads: kernel tests on CUDA, L1/L2 on
-#                                       # and off in turns, GPU engine/capture/verify tests
+#   bash tools/gpu_checks.sh lan31      # linear_add_norm's tests on CUDA, then the b=1 / b=8 kernel tables (PDL off)
 #   bash tools/gpu_checks.sh serve      # offline L1 and T1, then SV1 with the engine loop in a process (needs .whl/)
 #   bash tools/gpu_checks.sh serve-thread  # SV1 with the loop in a thread of the server (the old layout)
 #   bash tools/gpu_checks.sh tp         # on nvidia-h200-x2: TP tests (each test logged as it runs)
@@ -78,7 +77,7 @@
 # limit so the last phase still ends (and is tarred) inside the device call:
 #   DEADLINE=560 bash tools/gpu_checks.sh tests-a tests-b
 set -u
-[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-pair-table | spec-unroll | spec-why | spec-demo | spec-b64 | spec-b64-host | spec-diag | host-probe | small-mixed | spec16c | spec-cost | spec-table | rej | spec16 | spec16b | gemv | gemv-swap | gemv-pf | gemv-engine | final24 | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | final15 | attn-spills | attn-best | p1-rows | bench2 | sizes-tests | sizes-t1 | l2-table | startup | uncompiled | uncompiled-s1 | pair26 | pair26b | final26 | untuned | verify26 | verify27 | sweep17 | pair27 | pair27b | head28 | pair28 | pair28b | pair29 | pair29b | l2-30 | l2-30b | partials30 | early31 | early31b | l2-17 | l1-17 | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-pair-table | spec-unroll | spec-why | spec-demo | spec-b64 | spec-b64-host | spec-diag | host-probe | small-mixed | spec16c | spec-cost | spec-table | rej | spec16 | spec16b | gemv | gemv-swap | gemv-pf | gemv-engine | final24 | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | final15 | attn-spills | attn-best | p1-rows | bench2 | sizes-tests | sizes-t1 | l2-table | startup | uncompiled | uncompiled-s1 | pair26 | pair26b | final26 | untuned | verify26 | verify27 | sweep17 | pair27 | pair27b | head28 | pair28 | pair28b | pair29 | pair29b | l2-30 | l2-30b | partials30 | lan31 | l2-17 | l1-17 | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
 OUT=${OUT:-/tmp/out}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 END=$(( $(date +%s) + ${DEADLINE:-100000} ))
@@ -1064,39 +1063,16 @@ partials30)
     tests/test_gpu_capture.py -k "06b or fused_add_norm or modes or identical" > "$R/pytest_gpu.log" 2>&1
   echo "pytest rc=$?" >> "$R/pytest_gpu.log"
   ;;
-early31)
-  # decode attention's early KV loads (GRAPHRUNNER_ATTN_EARLY_KV): the attention, PDL and linear_add_norm kernels on
-  # CUDA (bit-equal with it off, against the reference; linear_add_norm after the launch_gemv refactor), L1 and L2
-  # at batch 8 with it on and off, in turns, then the GPU engine, capture and verify-graph tests it touches
+lan31)
+  # models/linear_add_norm.py on CUDA after the thirtieth session's launch_gemv refactor (the ops bit-equal to the
+  # unfused path at M = 1..9, opcheck), then the batch-1 and batch-8 decode steps' kernel tables with PDL off
   model &
-  T 200 python3 -m pytest -q -p no:cacheprovider tests/test_attention_early_kv.py tests/test_pdl.py \
-    tests/test_attention_prefetch.py tests/test_attention_triton.py tests/test_linear_add_norm.py \
-    > "$R/pytest_kernels.log" 2>&1
-  echo "pytest rc=$?" >> "$R/pytest_kernels.log"
+  T 300 python3 -m pytest -q -p no:cacheprovider tests/test_linear_add_norm.py > "$R/pytest_lan.log" 2>&1
+  echo "pytest rc=$?" >> "$R/pytest_lan.log"
   wait
-  for t in on1 off1 on2 off2; do
-    [ "${t%?}" = on ] && e=1 || e=0
-    GRAPHRUNNER_ATTN_EARLY_KV=$e lat "early_$t"
-  done
-  T 240 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu_engine.py tests/test_gpu_capture.py \
-    tests/test_pdl.py tests/test_attention_prefetch.py tests/test_spec_decode_graphs.py \
-    -k "06b or modes or identical or pdl or prefetch or without_speculation or never_synchronises" \
-    > "$R/pytest_gpu.log" 2>&1
-  echo "pytest rc=$?" >> "$R/pytest_gpu.log"
-  ;;
-early31b)
-  # run 1 of the thirty-first session found the early loads slower at 4 warps (their peeled tile spills: 910 spill
-  # instructions against 152, tools/kernel_resources.py). L1 / L2 per (GRAPHRUNNER_ATTN_EARLY_KV, ATTN_WARPS) in
-  # turns (=k: only K before the wait), after the kernel tests run 1's time limit cut
-  model &
-  T 150 python3 -m pytest -q -p no:cacheprovider tests/test_attention_early_kv.py tests/test_pdl.py \
-    tests/test_attention_prefetch.py tests/test_linear_add_norm.py > "$R/pytest_kernels.log" 2>&1
-  echo "pytest rc=$?" >> "$R/pytest_kernels.log"
-  wait
-  i=0
-  for v in 0/0 1/8 k/8 0/8 0/0 1/8 k/8 k/0; do
-    i=$((i + 1))
-    GRAPHRUNNER_ATTN_EARLY_KV=${v%/*} GRAPHRUNNER_ATTN_WARPS=${v#*/} lat "early_${v%/*}_w${v#*/}_$i"
+  for b in 1 8; do
+    GRAPHRUNNER_PDL=0 T 120 python3 tools/bench_step_breakdown.py --model /tmp/q06 --batch $b \
+      --json "$R/step_b$b.json" > "$R/step_b$b.log" 2>&1
   done
   ;;
 l2-17)

@@ -42,8 +42,7 @@ def launch_constexprs(num_reqs: int, q_len: int, keys: int, tile: int, prefetch:
     block_m = max(rows, triton.next_power_of_2(group))
     consts = {"GROUP": group, "HEAD_DIM": DIM, "D_PAD": DIM, "BLOCK_SIZE": BLOCK_SIZE, "BLOCK_Q": block_m // group,
               "BLOCK_M": block_m, "TILE": max(tile, BLOCK_SIZE), "NUM_SPLITS": splits, "USE_WINDOW": False,
-              "USE_SOFTCAP": False, "FP32_DOT": False, "PDL": True, "FOLD_MERGE": False, "PREFETCH": prefetch,
-              "EARLY_KV": ta.early_kv(True, q_len) and prefetch, "EARLY_V": ta.EARLY_V}
+              "USE_SOFTCAP": False, "FP32_DOT": False, "PDL": True, "FOLD_MERGE": False, "PREFETCH": prefetch}
     return consts, 8 if block_m >= 128 else 4
 
 

@@ -48,16 +48,9 @@ _TARGET_PROGRAMS = 264  # ~2 waves on a 132-SM H200
 # GRAPHRUNNER_ATTN_FOLD_MERGE=1: the last split program of each tile merges the splits itself (an atomic counter per
 # tile), so a split launch needs no second kernel; off until measured on the H200 (docs/DECISIONS.md).
 FOLD_MERGE = env_choice("GRAPHRUNNER_ATTN_FOLD_MERGE", ("0", "1"), "0") == "1"
-# The key loop issues the next tile's block ids together with K and V (one memory latency per tile instead of two
-# dependent ones); bit-equal either way; GRAPHRUNNER_ATTN_PREFETCH=0 loads each tile's block ids in its own
-# iteration (docs/DECISIONS.md).
+# The key loop issues V and the next tile's block ids together with K (one memory latency per tile instead of three
+# dependent ones); bit-equal either way; GRAPHRUNNER_ATTN_PREFETCH=0 restores the plain loop (docs/DECISIONS.md).
 PREFETCH_KV = env_choice("GRAPHRUNNER_ATTN_PREFETCH", ("0", "1"), "1") == "1"
-# A decode-only launch with PDL loads its first key tile before its wait, so the block-table and KV reads overlap
-# the kernel before it (the q/k prologue); GRAPHRUNNER_ATTN_EARLY_KV=0 loads everything after the wait. Bit-equal
-# either way. Why those reads are safe before the wait: `early_kv` (and docs/DECISIONS.md).
-# (=k: only K before the wait, V after it.)
-_EARLY = env_choice("GRAPHRUNNER_ATTN_EARLY_KV", ("0", "1", "k"), "1")
-EARLY_KV, EARLY_V = _EARLY != "0", _EARLY == "1"
 _MAX_TILES = 16384
 _counters: dict[torch.device, torch.Tensor] = {}
 
@@ -73,34 +66,6 @@ def _tanh(x):
     return 2.0 * tl.sigmoid(2.0 * x) - 1.0
 
 
-@triton.jit
-def _softmax_tile(q, k, v, n, n_ok, q_pos, m_i, l_i, acc, scale, softcap, window, USE_WINDOW: tl.constexpr,
-                  USE_SOFTCAP: tl.constexpr, FP32_DOT: tl.constexpr):
-    """One key tile of the online softmax: q [BLOCK_M, D_PAD], k/v [TILE, D_PAD] at key positions n [TILE] (n_ok:
-    inside this program's range) -> the running (max, denominator, accumulator) after the tile."""
-    if FP32_DOT:
-        s = tl.dot(q, tl.trans(k), input_precision="ieee")
-    else:
-        s = tl.dot(q, tl.trans(k))
-    s = s * scale
-    if USE_SOFTCAP:
-        s = softcap * _tanh(s / softcap)
-    keep = (n[None, :] <= q_pos[:, None]) & n_ok[None, :]
-    if USE_WINDOW:
-        keep = keep & (n[None, :] > q_pos[:, None] - window)
-    s = tl.where(keep, s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, axis=1))
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no key yet: avoid -inf - -inf
-    p = tl.exp(s - m_safe[:, None])
-    alpha = tl.exp(m_i - m_safe)
-    l_i = l_i * alpha + tl.sum(p, axis=1)
-    if FP32_DOT:
-        pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
-    else:
-        pv = tl.dot(p.to(v.dtype), v)
-    return m_new, l_i, acc * alpha[:, None] + pv
-
-
 @triton.jit(do_not_specialize=step_sizes("num_tokens"))
 def _unified_attention_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, part_acc_ptr, part_ml_ptr,
@@ -111,14 +76,11 @@ def _unified_attention_kernel(
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, TILE: tl.constexpr, NUM_SPLITS: tl.constexpr,
     USE_WINDOW: tl.constexpr, USE_SOFTCAP: tl.constexpr, FP32_DOT: tl.constexpr, PDL: tl.constexpr,
-    FOLD_MERGE: tl.constexpr, PREFETCH: tl.constexpr, EARLY_KV: tl.constexpr, EARLY_V: tl.constexpr,
+    FOLD_MERGE: tl.constexpr, PREFETCH: tl.constexpr,
 ):
-    # Before the wait a program may read only what non-PDL kernels or earlier launches wrote (the step's inputs,
-    # and with EARLY_KV the KV rows early_kv_rows allows); everything else after it (graphrunner.pdl)
-    if PDL:
+    if PDL:  # everything below reads what earlier kernels wrote (graphrunner.pdl)
         pdl_launch_dependents()
-        if not EARLY_KV:
-            pdl_wait()
+        pdl_wait()
     req = tl.program_id(0)
     q_tile = tl.program_id(1)
     kvh = tl.program_id(2) // NUM_SPLITS
@@ -136,8 +98,8 @@ def _unified_attention_kernel(
         q_pos = ctx + q_local                                    # absolute position of each row
         d = tl.arange(0, D_PAD)
         d_ok = d < HEAD_DIM
-        q_ptrs = q_ptr + (q_start + q_local)[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :]
-        q_mask = row_ok[:, None] & d_ok[None, :]
+        q = tl.load(q_ptr + (q_start + q_local)[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
+                    mask=row_ok[:, None] & d_ok[None, :], other=0.0)
 
         # Causal key range of the whole tile, then this program's slice of it.
         last_q = tl.minimum(q_tile * BLOCK_Q + BLOCK_Q, q_len) - 1
@@ -156,34 +118,7 @@ def _unified_attention_kernel(
         bt_row = block_table_ptr + req * stride_bt
         if PREFETCH:  # the first tile's block ids before the loop; each iteration fetches the next tile's
             blk_next = tl.load(bt_row + (lo + n_base) // BLOCK_SIZE, mask=lo + n_base < hi, other=0)
-        first = lo
-        if EARLY_KV:  # the first tile's rows written by earlier steps, then the wait, then the rest of it and q
-            n = lo + n_base
-            n_ok = n < hi
-            blk = blk_next
-            kv_off = blk[:, None].to(tl.int64) * stride_kb + (n % BLOCK_SIZE)[:, None] * stride_ks + kvh * stride_kh \
-                + d[None, :]
-            vv_off = blk[:, None].to(tl.int64) * stride_vb + (n % BLOCK_SIZE)[:, None] * stride_vs + kvh * stride_vh \
-                + d[None, :]
-            old = (n_ok & (n < ctx - 1))[:, None] & d_ok[None, :]
-            k = tl.load(k_ptr + kv_off, mask=old, other=0.0)
-            if EARLY_V:
-                v = tl.load(v_ptr + vv_off, mask=old, other=0.0)
-            blk_next = tl.load(bt_row + (n + TILE) // BLOCK_SIZE, mask=n + TILE < hi, other=0)
-            pdl_wait()
-            new = (n_ok & (n >= ctx - 1))[:, None] & d_ok[None, :]
-            k = tl.load(k_ptr + kv_off, mask=new, other=k)
-            if EARLY_V:
-                v = tl.load(v_ptr + vv_off, mask=new, other=v)
-            else:
-                v = tl.load(v_ptr + vv_off, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
-            q = tl.load(q_ptrs, mask=q_mask, other=0.0)
-            m_i, l_i, acc = _softmax_tile(q, k, v, n, n_ok, q_pos, m_i, l_i, acc, scale, softcap, window, USE_WINDOW,
-                                          USE_SOFTCAP, FP32_DOT)
-            first = lo + TILE
-        else:
-            q = tl.load(q_ptrs, mask=q_mask, other=0.0)
-        for start in range(first, hi, TILE):
+        for start in range(lo, hi, TILE):
             n = start + n_base
             n_ok = n < hi
             if PREFETCH:
@@ -195,14 +130,37 @@ def _unified_attention_kernel(
             # Unused slots may hold anything (NaN included): masked loads read 0 there.
             k = tl.load(k_ptr + blk[:, None].to(tl.int64) * stride_kb + slot[:, None] * stride_ks + kvh * stride_kh
                         + d[None, :], mask=kv_mask, other=0.0)
-            # with PREFETCH, V and the next tile's block ids are issued with K, so one memory latency per tile, not
-            # three (block ids -> K -> V); the arithmetic is the same either way, so the bits are too
-            v = tl.load(v_ptr + blk[:, None].to(tl.int64) * stride_vb + slot[:, None] * stride_vs + kvh * stride_vh
-                        + d[None, :], mask=kv_mask, other=0.0)
             if PREFETCH:
+                # V and the next tile's block ids are issued with K, so one memory latency per tile, not three
+                # (block ids -> K -> V); the arithmetic below is unchanged, so the bits are too
+                v = tl.load(v_ptr + blk[:, None].to(tl.int64) * stride_vb + slot[:, None] * stride_vs
+                            + kvh * stride_vh + d[None, :], mask=kv_mask, other=0.0)
                 blk_next = tl.load(bt_row + (n + TILE) // BLOCK_SIZE, mask=n + TILE < hi, other=0)
-            m_i, l_i, acc = _softmax_tile(q, k, v, n, n_ok, q_pos, m_i, l_i, acc, scale, softcap, window, USE_WINDOW,
-                                          USE_SOFTCAP, FP32_DOT)
+            if FP32_DOT:
+                s = tl.dot(q, tl.trans(k), input_precision="ieee")
+            else:
+                s = tl.dot(q, tl.trans(k))
+            s = s * scale
+            if USE_SOFTCAP:
+                s = softcap * _tanh(s / softcap)
+            keep = (n[None, :] <= q_pos[:, None]) & n_ok[None, :]
+            if USE_WINDOW:
+                keep = keep & (n[None, :] > q_pos[:, None] - window)
+            s = tl.where(keep, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no key yet: avoid -inf - -inf
+            p = tl.exp(s - m_safe[:, None])
+            alpha = tl.exp(m_i - m_safe)
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            if not PREFETCH:
+                v = tl.load(v_ptr + blk[:, None].to(tl.int64) * stride_vb + slot[:, None] * stride_vs
+                            + kvh * stride_vh + d[None, :], mask=kv_mask, other=0.0)
+            if FP32_DOT:
+                pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
+            else:
+                pv = tl.dot(p.to(v.dtype), v)
+            acc = acc * alpha[:, None] + pv
+            m_i = m_new
 
         tok = q_start + q_local
         if NUM_SPLITS == 1:
@@ -223,8 +181,6 @@ def _unified_attention_kernel(
                     _merge_rows(part_acc_ptr, part_ml_ptr, out_ptr, tok, head, row_ok, d, d_ok, stride_ot,
                                 stride_oh, num_tokens, num_q_heads, BLOCK_M, D_PAD, NUM_SPLITS)
                     tl.atomic_xchg(counter_ptr + tile, 0)  # zero again for the next launch (and graph replay)
-    elif EARLY_KV:  # a program without rows waits too, so the kernel never ends before the one it follows
-        pdl_wait()
 
 
 @triton.jit
@@ -278,19 +234,6 @@ def _merge_splits_kernel(part_acc_ptr, part_ml_ptr, out_ptr, stride_ot, stride_o
         den += l_s * w
     out = acc / tl.where(den == 0.0, 1.0, den)
     tl.store(out_ptr + tok * stride_ot + head * stride_oh + d, out.to(out_ptr.dtype.element_ty), mask=d < HEAD_DIM)
-
-
-def early_kv(pdl: bool, max_query_len: int) -> bool:
-    """Whether a launch loads its first key tile's cached rows before its PDL wait: only decode-only launches (every
-    request adds one token), with the prefetching loop. Why those rows are final before the wait:
-    * a PDL kernel starts only after every non-PDL kernel before it has ended (prepare's step inputs: the block
-      table, seq_lens, query_start_loc), and a graph launch after the one before it;
-    * in a decode-only step each request writes one KV row, at its position ctx. A row below ctx - 1 was written by
-      an earlier step: its own, or the one whose block it hit at admission. Row ctx - 1 may have been written in
-      this step by another request whose token filled a block this step's scheduling registered for a prefix hit
-      (scheduler._register_blocks), so rows >= ctx - 1 are read after the wait, with q.
-    Verify steps and prefill chunks (more than one token) load everything after the wait."""
-    return pdl and EARLY_KV and PREFETCH_KV and max_query_len <= 1
 
 
 def query_tiles(max_query_len: int, group: int) -> int:
@@ -386,8 +329,7 @@ def _launch(query: torch.Tensor, layer_cache: torch.Tensor, query_start_loc: tor
         GROUP=group, HEAD_DIM=dim, D_PAD=d_pad, BLOCK_SIZE=block_size, BLOCK_Q=block_q, BLOCK_M=block_m,
         TILE=max(TILE_N, block_size), NUM_SPLITS=num_splits, USE_WINDOW=sliding_window >= 0,
         USE_SOFTCAP=softcap > 0, FP32_DOT=query.dtype == torch.float32, PDL=pdl, FOLD_MERGE=counters is not None,
-        PREFETCH=PREFETCH_KV, EARLY_KV=early_kv(pdl, max_query_len), EARLY_V=EARLY_V,
-        num_warps=warps, launch_pdl=pdl,
+        PREFETCH=PREFETCH_KV, num_warps=warps, launch_pdl=pdl,
     )
     if num_splits > 1 and counters is None:
         _merge_splits_kernel[(t, hq)](part_acc, part_ml, out, out.stride(0), out.stride(1), t, hq,
