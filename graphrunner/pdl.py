@@ -46,7 +46,10 @@ else:
     @triton.jit
     def pdl_wait():
         # every write of the kernel before this one (and, through its own wait, of all earlier ones) is visible
-        # after this; nothing another kernel reads or writes may be touched before it, except constant weights
+        # after this. Before it a kernel may read only constants (weights) and what non-PDL kernels wrote (prepare's
+        # step inputs, the rope table lookup): a PDL kernel starts once the kernel before it triggers, and a non-PDL
+        # kernel triggers only by ending, so every non-PDL kernel earlier in the stream has ended. Every program
+        # waits, so that a kernel never ends before the one it follows.
         tl.extra.cuda.gdc_wait()
 
     @triton.jit

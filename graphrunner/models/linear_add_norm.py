@@ -70,19 +70,20 @@ def partials_add_rms_norm_ref(parts: Tensor, bias: Tensor | None, residual: Tens
 def _partials_add_norm_kernel(part_ptr, b_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, T, stride_r, stride_o, stride_s,
                               D, eps, SPLITS: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr,
                               PDL: tl.constexpr):
-    if PDL:  # the partials are the previous kernel's output: nothing is read before the wait
-        pdl_launch_dependents()
-        pdl_wait()
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < D
+    w = tl.load(w_ptr + offs, mask=mask, other=0.0)  # a constant weight: read before the wait (norm.add_norm_row)
+    if PDL:  # the partials are the previous kernel's output: nothing else is read before the wait
+        pdl_launch_dependents()
+        pdl_wait()
     total = tl.zeros([BLOCK], dtype=tl.float32)
     for s in tl.static_range(SPLITS):  # the GEMV tail's order: ((0 + p0) + p1) + ...
         total += tl.load(part_ptr + (s * T + row) * D + offs, mask=mask, other=0.0)
     if HAS_BIAS:
         total += tl.load(b_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     x = total.to(res_ptr.dtype.element_ty)
-    add_norm_row(x, res_ptr, w_ptr, out_ptr, sum_ptr, row, offs, mask, stride_r, stride_o, stride_s, D, eps)
+    add_norm_row(x, w, res_ptr, out_ptr, sum_ptr, row, offs, mask, stride_r, stride_o, stride_s, D, eps)
 
 
 def partials_add_rms_norm_triton(parts: Tensor, bias: Tensor | None, residual: Tensor, weight: Tensor,

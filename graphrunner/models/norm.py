@@ -101,26 +101,28 @@ def add_rms_norm_ref(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tens
 @triton.jit
 def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, stride_x, stride_r, stride_o, stride_s, D, eps,
                          BLOCK: tl.constexpr, PDL: tl.constexpr):
-    if PDL:  # x is the previous kernel's output: nothing is read before the wait
-        pdl_launch_dependents()
-        pdl_wait()
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < D
+    w = tl.load(w_ptr + offs, mask=mask, other=0.0)  # a constant weight: read before the wait
+    if PDL:  # x is the previous kernel's output: nothing else is read before the wait
+        pdl_launch_dependents()
+        pdl_wait()
     x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
-    add_norm_row(x, res_ptr, w_ptr, out_ptr, sum_ptr, row, offs, mask, stride_r, stride_o, stride_s, D, eps)
+    add_norm_row(x, w, res_ptr, out_ptr, sum_ptr, row, offs, mask, stride_r, stride_o, stride_s, D, eps)
 
 
 @triton.jit
-def add_norm_row(x, res_ptr, w_ptr, out_ptr, sum_ptr, row, offs, mask, stride_r, stride_o, stride_s, D, eps):
-    """One row of add_rms_norm_ref from its loaded x [BLOCK] (the residual's dtype): the sum stored, then its norm.
-    Shared with linear_add_norm's kernel, whose x is a projection's split-K partials summed."""
+def add_norm_row(x, w, res_ptr, out_ptr, sum_ptr, row, offs, mask, stride_r, stride_o, stride_s, D, eps):
+    """One row of add_rms_norm_ref from its loaded x [BLOCK] (the residual's dtype) and norm weight w [BLOCK]: the
+    sum stored, then its norm. The callers load w before their PDL wait: after the sum of squares' reduction it
+    would be one more memory round trip on the step's critical path (the compiler does not hoist it across the
+    reduction's barrier). Shared with linear_add_norm's kernel, whose x is a projection's split-K partials summed."""
     r = tl.load(res_ptr + row * stride_r + offs, mask=mask, other=0.0)
     summed = (r.to(tl.float32) + x.to(tl.float32)).to(x.dtype)  # rounded like eager PyTorch's add
     tl.store(sum_ptr + row * stride_s + offs, summed, mask=mask)
     h = summed.to(tl.float32)
     inv = tl.rsqrt(tl.sum(h * h, axis=0) / D + eps)
-    w = tl.load(w_ptr + offs, mask=mask, other=0.0)
     tl.store(out_ptr + row * stride_o + offs, normed_tile(summed, inv, w), mask=mask)
 
 

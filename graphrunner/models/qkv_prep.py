@@ -74,19 +74,30 @@ def _qkv_prep_kernel(
     HAS_NORM: tl.constexpr,
     PDL: tl.constexpr,  # launched with programmatic dependent launch (graphrunner.pdl)
 ):
-    if PDL:  # qkv, cos/sin and the slots come from earlier kernels
-        pdl_launch_dependents()
-        pdl_wait()
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)  # q heads, then k heads, then v heads
     half: tl.constexpr = HEAD_DIM // 2
     offs = tl.arange(0, HALF_PAD)
     mask = offs < half
+    # Before the wait: the norm weights (constants), and the slots and cos/sin rows, which non-PDL kernels wrote
+    # (prepare, the rope table lookup), so they are final when this kernel starts (graphrunner.pdl). Loaded after the
+    # sum of squares' reduction, they were a second memory round trip on the step's critical path.
+    rope = h < NUM_HEADS + NUM_KV_HEADS  # q and k heads; v heads are copied as they are
+    rope_mask = mask & (offs * 0 + h < NUM_HEADS + NUM_KV_HEADS)  # [HALF_PAD]
+    slot = tl.load(slot_ptr + t)
+    c = tl.load(cos_ptr + t * stride_cos + offs, mask=rope_mask, other=0.0).to(tl.float32)
+    s = tl.load(sin_ptr + t * stride_sin + offs, mask=rope_mask, other=0.0).to(tl.float32)
+    if HAS_NORM:
+        w_ptr = q_norm_ptr if h < NUM_HEADS else k_norm_ptr
+        w1 = tl.load(w_ptr + offs, mask=rope_mask, other=0.0)
+        w2 = tl.load(w_ptr + half + offs, mask=rope_mask, other=0.0)
+    if PDL:  # qkv is the previous kernel's output
+        pdl_launch_dependents()
+        pdl_wait()
     src = qkv_ptr + t * stride_qkv + h * HEAD_DIM
     x1 = tl.load(src + offs, mask=mask, other=0.0)  # [HALF_PAD] first half of the head
     x2 = tl.load(src + half + offs, mask=mask, other=0.0)
-    slot = tl.load(slot_ptr + t)
-    if h >= NUM_HEADS + NUM_KV_HEADS:  # v: copied as is
+    if not rope:  # v: copied as is
         if slot >= 0:
             dst = v_cache_ptr + (slot // BLOCK_SIZE) * stride_cb + (slot % BLOCK_SIZE) * stride_cs \
                 + (h - NUM_HEADS - NUM_KV_HEADS) * stride_ch
@@ -94,15 +105,10 @@ def _qkv_prep_kernel(
             tl.store(dst + half + offs, x2, mask=mask)
     else:
         if HAS_NORM:  # HF's RMSNorm: float32 statistics, cast back to the input dtype, then times the weight
-            w_ptr = q_norm_ptr if h < NUM_HEADS else k_norm_ptr
             f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
             inv = tl.rsqrt((tl.sum(f1 * f1, axis=0) + tl.sum(f2 * f2, axis=0)) / HEAD_DIM + eps)
-            w1 = tl.load(w_ptr + offs, mask=mask, other=0.0)
-            w2 = tl.load(w_ptr + half + offs, mask=mask, other=0.0)
             x1 = (w1.to(tl.float32) * (f1 * inv).to(x1.dtype).to(tl.float32)).to(x1.dtype)
             x2 = (w2.to(tl.float32) * (f2 * inv).to(x2.dtype).to(tl.float32)).to(x2.dtype)
-        c = tl.load(cos_ptr + t * stride_cos + offs, mask=mask, other=0.0).to(tl.float32)
-        s = tl.load(sin_ptr + t * stride_sin + offs, mask=mask, other=0.0).to(tl.float32)
         a, b = x1.to(tl.float32), x2.to(tl.float32)
         r1 = (a * c - b * s).to(x1.dtype)
         r2 = (b * c + a * s).to(x2.dtype)
