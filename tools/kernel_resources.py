@@ -98,7 +98,8 @@ def gemv_rows() -> list[dict[str, Any]]:
                 consts = {"M_PAD": 16 if cfg["use_dot"] else triton.next_power_of_2(m), "BLOCK_N": cfg["block_n"],
                           "BLOCK_K": cfg["block_k"], "SPLIT": cfg["split_k"] > 1, "HAS_BIAS": False,
                           "USE_DOT": cfg["use_dot"], "NORM": False, "ACT": act,
-                          "SWAP_AB": cfg.get("swap_ab", False), "PREFETCH": False, "PDL": True}
+                          "SWAP_AB": cfg.get("swap_ab", False), "PREFETCH": False, "PDL": True,
+                          "PARTIALS": False}
                 sig = {n: "constexpr" if n in consts else ptrs.get(n, "i32") for n in params}
                 row = {"N": entry["N"], "K": entry["K"], "M": m, "act": act, "config": cfg,
                        **resources(gemv._gemv_kernel, sig, consts,

@@ -21,16 +21,17 @@ def write_kv_ref(
     layer_cache: torch.Tensor,   # [2, num_blocks, block_size, Hkv, D]
     slot_mapping: torch.Tensor,  # [T] int64, -1 = padding
 ) -> None:
-    """Scatter this step's keys/values into their slots; padding tokens (slot -1) are dropped."""
-    num_slots = layer_cache.shape[1] * layer_cache.shape[2]
-    flat = layer_cache.view(2, num_slots, *layer_cache.shape[3:])
+    """Scatter this step's keys/values into their slots; padding tokens (slot -1) are dropped. Written through
+    (block, offset) indices, so a cache whose memory order is not its shape's (kv_cache.KV_LAYOUT) takes it too."""
+    block_size = layer_cache.shape[2]
     # Padding is redirected onto slot 0 with slot 0's own contents (a no-op write): block 0 is the
     # pool's reserved null block, so no real token lives there, and no boolean mask (a host sync) is needed.
     valid = (slot_mapping >= 0).view(-1, 1, 1)
     target = slot_mapping.clamp(min=0)
+    index = (target // block_size, target % block_size)
     for i, src in enumerate((key, value)):
-        data = torch.where(valid, src.to(layer_cache.dtype), flat[i, :1])
-        flat[i].index_copy_(0, target, data)
+        data = torch.where(valid, src.to(layer_cache.dtype), layer_cache[i, 0, :1])
+        layer_cache[i].index_put_(index, data)
 
 
 SHORT_QUERY = 16  # queries up to this many tokens per request share the batched (decode) path
