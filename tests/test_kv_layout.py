@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_models import make_tiny_model
+from tiny_models import QKV_PREP_HEADS, make_tiny_model, qkv_prep_case
 
 from graphrunner import kv_cache
 from graphrunner.attention import triton_attention
@@ -80,13 +80,8 @@ def test_kv_writes_land_in_the_same_slots_across_layouts() -> None:
 
 
 def test_qkv_prologue_writes_the_same_cache_across_layouts() -> None:
-    t, hq, hkv, d = 5, 6, 3, 20
-    g = torch.Generator().manual_seed(3)
-    qkv = torch.randn(t, (hq + 2 * hkv) * d, generator=g).to(DEVICE)
-    angles = torch.rand(t, 1, d // 2, generator=g) * 6.3
-    cos, sin = angles.cos().to(DEVICE), angles.sin().to(DEVICE)
-    qn, kn = ((torch.rand(d, generator=g) + 0.5).to(DEVICE) for _ in range(2))
-    slots = torch.tensor([4, -1, 9, 17, 22], device=DEVICE)
+    hq, hkv, d = QKV_PREP_HEADS
+    qkv, cos, sin, qn, kn, slots = qkv_prep_case(DEVICE)
     results = []
     for prep in (qkv_prep.qkv_prep_ref, qkv_prep.qkv_prep_triton):
         for layout in ("nhd", "hnd"):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_models import greedy_tokens_off_and_on, make_tiny_model
+from tiny_models import QKV_PREP_HEADS, greedy_tokens_off_and_on, make_tiny_model, qkv_prep_case
 
 from graphrunner import pdl
 from graphrunner.attention import triton_attention
@@ -77,13 +77,8 @@ def test_add_rms_norm_bit_equal_with_pdl(monkeypatch: pytest.MonkeyPatch) -> Non
 
 
 def test_qkv_prep_bit_equal_with_pdl(monkeypatch: pytest.MonkeyPatch) -> None:
-    g = torch.Generator().manual_seed(3)
-    t, hq, hkv, d = 5, 6, 3, 20
-    qkv = torch.randn(t, (hq + 2 * hkv) * d, generator=g).to(DEVICE)
-    angles = torch.rand(t, 1, d // 2, generator=g) * 6.3
-    cos, sin = angles.cos().to(DEVICE), angles.sin().to(DEVICE)
-    qn, kn = ((torch.rand(d, generator=g) + 0.5).to(DEVICE) for _ in range(2))
-    slots = torch.tensor([4, -1, 9, 17, 22], device=DEVICE)
+    hq, hkv, d = QKV_PREP_HEADS
+    qkv, cos, sin, qn, kn, slots = qkv_prep_case(DEVICE)
     results = []
     for on in (False, True):
         _force_pdl(monkeypatch, on)
