@@ -12,16 +12,9 @@ from collections import OrderedDict
 import torch
 
 from graphrunner.config import ModelConfig
-from graphrunner.env import env_choice
 from graphrunner.prefix_cache import BlockHash
 
 NULL_BLOCK = 0
-# The memory order of each layer's cache behind its logical [2, blocks, block_size, Hkv, D] view: "nhd" (that
-# order, the default) or "hnd" ([2, blocks, Hkv, block_size, D]: one head's keys of a block are one run of
-# block_size x D elements, 4 KB at the 0.6B shape, instead of D-element runs a slot apart). Every reader takes the
-# view's strides, so only the allocation differs. GRAPHRUNNER_KV_LAYOUT=hnd is for measurements until the H200 says
-# which decode attention prefers (docs/DECISIONS.md).
-KV_LAYOUT = env_choice("GRAPHRUNNER_KV_LAYOUT", ("nhd", "hnd"), "nhd")
 
 
 class BlockPool:
@@ -136,11 +129,7 @@ def kv_bytes_per_block(model: ModelConfig, block_size: int, dtype: torch.dtype) 
 
 def allocate_kv_cache(model: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype,
                       device: torch.device) -> torch.Tensor:
-    """[num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim], zero-filled, in KV_LAYOUT's memory order
-    (with "hnd", a view of [.., num_kv_heads, block_size, ..] storage)."""
-    if KV_LAYOUT == "hnd":
-        shape = (model.num_layers, 2, num_blocks, model.num_kv_heads, block_size, model.head_dim)
-        return torch.zeros(shape, dtype=dtype, device=device).transpose(3, 4)
+    """[num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim], zero-filled."""
     shape = (model.num_layers, 2, num_blocks, block_size, model.num_kv_heads, model.head_dim)
     return torch.zeros(shape, dtype=dtype, device=device)
 

@@ -90,3 +90,23 @@ def test_events_from_chrome_trace(tmp_path: Path) -> None:
     assert [(e.name, e.dur_us) for e in events] == [("nvjet_tst_64x8", 5.5), ("Memcpy DtoD (Device -> Device)", 1.0),
                                                    ("Memset (Device)", 0.5)]
     assert [kt.classify(e.name) for e in events] == ["GEMMs (layers)", "kv write / memcpy", "kv write / memcpy"]
+
+
+def test_critical_path_charges_only_the_exposed_tail() -> None:
+    """Three overlapping kernels (PDL) and one between-step gap: each is charged what it adds past the latest end
+    before it, a small gap is idle, a long one is left out, and the charges add up to the covered span."""
+    E = kt.KernelEvent
+    step = [E("_add_rms_norm_kernel", 0.0, 3.0),  # 0-3
+            E("_gemv_kernel", 1.0, 6.0),          # 1-7: 4 past the norm
+            E("_unified_attention_kernel", 2.0, 4.0),  # 2-6: ends before the GEMV, so it is charged 3-6
+            E("_gemv_kernel", 9.0, 2.0)]          # 9-11: 2 idle, then 2
+    later = [E(e.name, e.start_us + 1000.0, e.dur_us) for e in step]  # a second step after a 989 µs host gap
+    path = kt.critical_path(step + later, steps=2)
+    per = path["us_per_step"]
+    assert per["add_rms_norm_kernel after start"] == pytest.approx(3.0 / 2)
+    assert per["add_rms_norm_kernel after gemv_kernel"] == pytest.approx(3.0 / 2)
+    assert per["unified_attention_kernel after add_rms_norm_kernel"] == pytest.approx(3.0)  # 2-6 past 3
+    assert per["gemv_kernel after unified_attention_kernel"] == pytest.approx(1.0)  # 6-7
+    assert per["gemv_kernel after gemv_kernel"] == pytest.approx(2.0)
+    assert per["idle"] == pytest.approx(2.0)
+    assert path["span_us_per_step"] == pytest.approx(11.0)

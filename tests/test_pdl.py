@@ -7,6 +7,8 @@ with it off, through FULL graphs and eager (graphs capture the programmatic edge
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -34,6 +36,22 @@ def test_switch_is_on_by_default_and_never_applies_off_cuda(monkeypatch: pytest.
     assert not pdl.use_pdl(torch.device("cpu"))
     monkeypatch.setattr(pdl, "ENABLED", True)
     assert not pdl.use_pdl(torch.device("cpu"))
+
+
+def test_trigger_position_per_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert pdl.pdl_mode(False, "gemv") == 0
+    monkeypatch.setattr(pdl, "LATE_TRIGGER", frozenset({"qkv_prep"}))
+    assert pdl.pdl_mode(True, "gemv") == 1
+    assert pdl.pdl_mode(True, "qkv_prep") == 2
+
+
+@pytest.mark.parametrize("value", ["gemv,atention", "yes"])
+def test_bad_late_trigger_names_are_refused(value: str) -> None:
+    env = {**os.environ, "GRAPHRUNNER_PDL_LATE_TRIGGER": value}
+    proc = subprocess.run([sys.executable, "-c", "import graphrunner.pdl"], env=env, capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert proc.returncode != 0
+    assert "GRAPHRUNNER_PDL_LATE_TRIGGER must be 'all' or names among gemv" in proc.stderr
 
 
 @pytest.mark.parametrize(("m", "n", "k", "config"), [

@@ -1,7 +1,6 @@
 """Decode attention vs KV split count (issue 17): one unified_attention call (merge kernel included) per
 (batch, context, splits) at the Qwen3-0.6B shape, timed under CUDA graphs with layer caches rotated past L2, next to
-what choose_num_splits picks now, in the cache layout GRAPHRUNNER_KV_LAYOUT names. CPU (interpreter, fp16, tiny heads)
-only with --quick.
+what choose_num_splits picks now. CPU (interpreter, fp16, tiny heads) only with --quick.
 Example: python tools/bench_attention_splits.py --json bench_attention_splits.json
 """
 
@@ -19,7 +18,6 @@ import bench_common
 import torch
 from bench_kernels import time_us
 
-from graphrunner import kv_cache
 from graphrunner.attention import triton_attention
 from graphrunner.attention.metadata import AttentionMetadata
 from graphrunner.attention.reference import paged_attention_ref
@@ -39,10 +37,7 @@ def _batch(b: int, ctx: int, hq: int, hkv: int, dim: int, block_size: int, dtype
     per_req = -(-ctx // block_size)
     num_blocks = b * per_req + 1 + b  # block 0 is the null block; a little slack, as in a real pool
     blocks = (torch.randperm(num_blocks - 1, generator=g)[:b * per_req] + 1).view(b, per_req)  # distinct, scattered
-    if kv_cache.KV_LAYOUT == "hnd":  # the engine's memory order (GRAPHRUNNER_KV_LAYOUT), behind the same shape
-        caches = torch.randn(copies, 2, num_blocks, hkv, block_size, dim, device=device, dtype=dtype).transpose(3, 4)
-    else:
-        caches = torch.randn(copies, 2, num_blocks, block_size, hkv, dim, device=device, dtype=dtype)
+    caches = torch.randn(copies, 2, num_blocks, block_size, hkv, dim, device=device, dtype=dtype)
     query = torch.randn(b * q_len, hq, dim, generator=g).to(device=device, dtype=dtype)
     meta = AttentionMetadata(
         num_reqs=b, num_tokens=b * q_len, max_query_len=q_len, max_seq_len=ctx, block_size=block_size,
@@ -136,8 +131,7 @@ def main() -> None:
     constants = {"SPLIT_MIN_SEQ_LEN": triton_attention.SPLIT_MIN_SEQ_LEN,
                  "SPLIT_MIN_KEYS": triton_attention.SPLIT_MIN_KEYS, "MAX_SPLITS": triton_attention.MAX_SPLITS,
                  "_TARGET_PROGRAMS": triton_attention._TARGET_PROGRAMS,
-                 "SPLIT_PREFILL_ROWS": triton_attention.SPLIT_PREFILL_ROWS, "query_len": args.query_len,
-                 "kv_layout": kv_cache.KV_LAYOUT}
+                 "SPLIT_PREFILL_ROWS": triton_attention.SPLIT_PREFILL_ROWS, "query_len": args.query_len}
     print(f"heads {hq}/{hkv} x {dim}, {dtype}, block_size {block_size}, {device}; {constants}", flush=True)
     rows, summary = bench(batch_sizes, contexts, splits, hq, hkv, dim, block_size, dtype, device, args.reps,
                           per_graph, args.max_model_len, args.query_len)

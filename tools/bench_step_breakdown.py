@@ -240,7 +240,9 @@ def kernel_profile(llm: LLM, steps: int, tokens_per_step: int, trace: str) -> di
     if not events:
         print("  (no device kernels recorded: no CUDA, or this torch/CUPTI does not trace CUDA graph replays; "
               "try --enforce-eager to see the kernels without graphs)")
-    return kernel_table.summarize(kernel_table.kernel_rows(events), steps, tokens_per_step)
+    summary = kernel_table.summarize(kernel_table.kernel_rows(events), steps, tokens_per_step)
+    summary["critical_path"] = kernel_table.critical_path(events, steps)
+    return summary
 
 
 def speculative_config(args: argparse.Namespace) -> dict[str, Any] | None:
@@ -353,6 +355,7 @@ def main() -> None:
             print("  (PDL is on: a kernel starts before its predecessor ends and waits inside it, so these times overlap "
                   "and their sum overstates the device time; GRAPHRUNNER_PDL=0 gives exclusive times, the FULL replay "
                   "below the real step)")
+        print(kernel_table.format_critical_path(table["critical_path"]))
     print(f"Step breakdown at batch {args.batch} on {device} ({mode}):")
     print(f"  host (schedule, stage, launch, read previous)  {result['host_ms_median']:8.3f} ms")
     for name, ms in parts.items():

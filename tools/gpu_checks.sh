@@ -67,8 +67,8 @@
 #   bash tools/gpu_checks.sh l2-30      # issue 17's L2: GEMV launch shapes of one program per SM or fewer, swept,
 #                                       # then L2 at batch 8 with them and with the shipped table, in turns
 #   bash tools/gpu_checks.sh lan31      # linear_add_norm's tests on CUDA, then the b=1 / b=8 kernel tables (PDL off)
-#   bash tools/gpu_checks.sh kvlayout   # issue 17: the KV cache's memory order: tests on CUDA, attention per layout,
-#                                       # L1/L2 per layout in turns
+#   bash tools/gpu_checks.sh pdl32      # issue 17: L1/L2 with kernels triggering their dependents after their wait
+#                                       # (GRAPHRUNNER_PDL_LATE_TRIGGER) in turns; the steps' critical paths with PDL on
 #   bash tools/gpu_checks.sh serve      # offline L1 and T1, then SV1 with the engine loop in a process (needs .whl/)
 #   bash tools/gpu_checks.sh serve-thread  # SV1 with the loop in a thread of the server (the old layout)
 #   bash tools/gpu_checks.sh tp         # on nvidia-h200-x2: TP tests (each test logged as it runs)
@@ -79,7 +79,7 @@
 # limit so the last phase still ends (and is tarred) inside the device call:
 #   DEADLINE=560 bash tools/gpu_checks.sh tests-a tests-b
 set -u
-[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-pair-table | spec-unroll | spec-why | spec-demo | spec-b64 | spec-b64-host | spec-diag | host-probe | small-mixed | spec16c | spec-cost | spec-table | rej | spec16 | spec16b | gemv | gemv-swap | gemv-pf | gemv-engine | final24 | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | final15 | attn-spills | attn-best | p1-rows | bench2 | sizes-tests | sizes-t1 | l2-table | startup | uncompiled | uncompiled-s1 | pair26 | pair26b | final26 | untuned | verify26 | verify27 | sweep17 | pair27 | pair27b | head28 | pair28 | pair28b | pair29 | pair29b | l2-30 | l2-30b | partials30 | lan31 | kvlayout | l2-17 | l1-17 | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-pair-table | spec-unroll | spec-why | spec-demo | spec-b64 | spec-b64-host | spec-diag | host-probe | small-mixed | spec16c | spec-cost | spec-table | rej | spec16 | spec16b | gemv | gemv-swap | gemv-pf | gemv-engine | final24 | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | final15 | attn-spills | attn-best | p1-rows | bench2 | sizes-tests | sizes-t1 | l2-table | startup | uncompiled | uncompiled-s1 | pair26 | pair26b | final26 | untuned | verify26 | verify27 | sweep17 | pair27 | pair27b | head28 | pair28 | pair28b | pair29 | pair29b | l2-30 | l2-30b | partials30 | lan31 | pdl32 | l2-17 | l1-17 | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
 OUT=${OUT:-/tmp/out}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 END=$(( $(date +%s) + ${DEADLINE:-100000} ))
@@ -1077,26 +1077,23 @@ lan31)
       --json "$R/step_b$b.json" > "$R/step_b$b.log" 2>&1
   done
   ;;
-kvlayout)
-  # the KV cache's memory order (GRAPHRUNNER_KV_LAYOUT=hnd: each head's keys of a block in one run): its tests on
-  # CUDA (kernels bit-equal across layouts, engine tokens through FULL graphs and eager), decode attention and the
-  # prefix hit's chunk per layout, then L1 / L2 per layout in turns
-  model &
-  T 150 python3 -m pytest -q -p no:cacheprovider -m "gpu or not gpu" tests/test_kv_layout.py \
-    > "$R/pytest_layout.log" 2>&1
-  echo "pytest rc=$?" >> "$R/pytest_layout.log"
-  wait
-  for l in nhd hnd; do
-    GRAPHRUNNER_KV_LAYOUT=$l T 100 python3 tools/bench_attention_splits.py --batch-sizes 1,8 --contexts 200,330,1024 \
-      --splits 1 --json "$R/attn_$l.json" > "$R/attn_$l.log" 2>&1
-    GRAPHRUNNER_KV_LAYOUT=$l T 60 python3 tools/bench_attention_splits.py --batch-sizes 1 --contexts 4160 \
-      --query-len 64 --splits 8,16 --json "$R/hit_$l.json" > "$R/hit_$l.log" 2>&1
+pdl32)
+  # where PDL kernels trigger their dependents (before their wait, the default, or after it: GRAPHRUNNER_PDL_LATE_TRIGGER)
+  # at L1 / L2 in turns; then the batch-1 and batch-8 steps with PDL on, each kernel charged what it adds to the
+  # timeline (kernel_table.critical_path; chrome traces kept); then test_pdl on CUDA with every kernel triggering late
+  model
+  i=0; for v in early all qkv_prep early all qkv_prep; do i=$((i + 1))
+    if [ $v = early ]; then unset GRAPHRUNNER_PDL_LATE_TRIGGER; else export GRAPHRUNNER_PDL_LATE_TRIGGER=$v; fi
+    lat "late_${v}_$i"
   done
-  i=0
-  for l in nhd hnd nhd hnd; do
-    i=$((i + 1))
-    GRAPHRUNNER_KV_LAYOUT=$l lat "layout_${l}_$i"
+  unset GRAPHRUNNER_PDL_LATE_TRIGGER
+  for b in 1 8; do
+    T 120 python3 tools/bench_step_breakdown.py --model /tmp/q06 --batch $b --steps 32 --profile-steps 50 --iters 20 \
+      --trace "$R/trace_b$b.json" --json "$R/step_b$b.json" > "$R/step_b$b.log" 2>&1
   done
+  GRAPHRUNNER_PDL_LATE_TRIGGER=all T 200 python3 -m pytest -q -p no:cacheprovider -m "gpu or not gpu" tests/test_pdl.py \
+    > "$R/pytest_pdl_late.log" 2>&1
+  echo "pytest rc=$?" >> "$R/pytest_pdl_late.log"
   ;;
 l2-17)
   # the twenty-eighth session's tensor-core rows (qkv 4096 x 2048 and gate_up 12288 x 2048 up to M = 8, chosen on a

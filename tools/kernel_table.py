@@ -122,3 +122,42 @@ def events_from_chrome_trace(path: str | Path) -> list[KernelEvent]:
     events = data["traceEvents"] if isinstance(data, dict) else data
     return [KernelEvent(str(e["name"]), float(e["ts"]), float(e.get("dur", 0.0))) for e in events
             if e.get("ph") == "X" and str(e.get("cat", "")).lower() in DEVICE_CATEGORIES]
+
+
+def _short(name: str) -> str:
+    """A kernel's name without its Triton/CUDA decorations (leading underscores, template arguments), 40 chars."""
+    return re.sub(r"[<(].*$", "", name).strip("_")[:40]
+
+
+def critical_path(events: Sequence[KernelEvent], steps: int, idle_cap_us: float = 50.0) -> dict:
+    """What each kernel adds to the device timeline's length when kernels overlap (PDL): kernels in end order, each
+    charged end - max(its start, the latest end before it), the rest of its time hidden under its predecessors. A
+    kernel is named with the one ending before it ("gemv after add_rms_norm"), which tells the layer's GEMVs apart.
+    Gaps up to `idle_cap_us` are idle device time inside a step (charged as "idle"); longer ones lie between steps
+    and are left out. Returns {"us_per_step": {label: us}, "span_us_per_step": total} (JSON-ready)."""
+    ordered = sorted(events, key=lambda e: e.start_us + e.dur_us)
+    charged: dict[str, float] = {}
+    latest, prev = None, "start"
+    for e in ordered:
+        end = e.start_us + e.dur_us
+        label = f"{_short(e.name)} after {prev}"
+        if latest is None:
+            exposed, gap = e.dur_us, 0.0
+        else:
+            exposed = max(0.0, end - max(e.start_us, latest))
+            gap = max(0.0, e.start_us - latest)
+        if gap <= idle_cap_us:
+            charged["idle"] = charged.get("idle", 0.0) + gap
+        charged[label] = charged.get(label, 0.0) + exposed
+        latest = end if latest is None else max(latest, end)
+        prev = _short(e.name)
+    per_step = {k: v / steps for k, v in sorted(charged.items(), key=lambda kv: -kv[1])}
+    return {"us_per_step": per_step, "span_us_per_step": sum(per_step.values())}
+
+
+def format_critical_path(path: dict, top: int = 20) -> str:
+    lines = [f"{'exposed time (critical path)':<70} {'us/step':>9}", "-" * 80]
+    for label, us in list(path["us_per_step"].items())[:top]:
+        lines.append(f"  {label[:68]:<68} {us:9.1f}")
+    lines.append(f"{'span (sum of the above and the rest)':<70} {path['span_us_per_step']:9.1f}")
+    return "\n".join(lines)

@@ -21,20 +21,16 @@ def write_kv_ref(
     layer_cache: torch.Tensor,   # [2, num_blocks, block_size, Hkv, D]
     slot_mapping: torch.Tensor,  # [T] int64, -1 = padding
 ) -> None:
-    """Scatter this step's keys/values into their slots; padding tokens (slot -1) are dropped. A cache whose
-    memory order is not its shape's (kv_cache.KV_LAYOUT "hnd") is written through (block, offset) indices."""
-    block_size = layer_cache.shape[2]
+    """Scatter this step's keys/values into their slots; padding tokens (slot -1) are dropped."""
+    num_slots = layer_cache.shape[1] * layer_cache.shape[2]
+    flat = layer_cache.view(2, num_slots, *layer_cache.shape[3:])
     # Padding is redirected onto slot 0 with slot 0's own contents (a no-op write): block 0 is the
     # pool's reserved null block, so no real token lives there, and no boolean mask (a host sync) is needed.
     valid = (slot_mapping >= 0).view(-1, 1, 1)
     target = slot_mapping.clamp(min=0)
-    flat = layer_cache.view(2, -1, *layer_cache.shape[3:]) if layer_cache.is_contiguous() else None
     for i, src in enumerate((key, value)):
-        data = torch.where(valid, src.to(layer_cache.dtype), layer_cache[i, 0, :1])
-        if flat is not None:
-            flat[i].index_copy_(0, target, data)
-        else:
-            layer_cache[i].index_put_((target // block_size, target % block_size), data)
+        data = torch.where(valid, src.to(layer_cache.dtype), flat[i, :1])
+        flat[i].index_copy_(0, target, data)
 
 
 SHORT_QUERY = 16  # queries up to this many tokens per request share the batched (decode) path

@@ -18,7 +18,7 @@ from graphrunner.attention.metadata import AttentionMetadata
 from graphrunner.env import env_choice, env_number
 from graphrunner.kernel_checks import check_tensor, step_sizes, zeroed_counters
 from graphrunner.opaque import opaque_op
-from graphrunner.pdl import pdl_launch_dependents, pdl_wait, use_pdl
+from graphrunner.pdl import pdl_enter, pdl_mode, use_pdl
 
 # keys per inner iteration (several paged blocks, gathered per position), and the main kernel's warps (0: 8 for
 # 128-row tiles, else 4). GRAPHRUNNER_ATTN_TILE / _WARPS set them for measurements: compiled for sm_90 at 4 warps
@@ -79,8 +79,7 @@ def _unified_attention_kernel(
     FOLD_MERGE: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     if PDL:  # everything below reads what earlier kernels wrote (graphrunner.pdl)
-        pdl_launch_dependents()
-        pdl_wait()
+        pdl_enter(PDL)
     req = tl.program_id(0)
     q_tile = tl.program_id(1)
     kvh = tl.program_id(2) // NUM_SPLITS
@@ -213,8 +212,7 @@ def _merge_rows(part_acc_ptr, part_ml_ptr, out_ptr, tok, head, row_ok, d, d_ok, 
 def _merge_splits_kernel(part_acc_ptr, part_ml_ptr, out_ptr, stride_ot, stride_oh, num_tokens, num_q_heads,
                          HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, NUM_SPLITS: tl.constexpr, PDL: tl.constexpr):
     if PDL:
-        pdl_launch_dependents()
-        pdl_wait()
+        pdl_enter(PDL)
     tok = tl.program_id(0)
     head = tl.program_id(1)
     d = tl.arange(0, D_PAD)
@@ -328,12 +326,12 @@ def _launch(query: torch.Tensor, layer_cache: torch.Tensor, query_start_loc: tor
         block_table.stride(0), t, hq, scale, softcap if softcap > 0 else 1.0, max(sliding_window, 0),
         GROUP=group, HEAD_DIM=dim, D_PAD=d_pad, BLOCK_SIZE=block_size, BLOCK_Q=block_q, BLOCK_M=block_m,
         TILE=max(TILE_N, block_size), NUM_SPLITS=num_splits, USE_WINDOW=sliding_window >= 0,
-        USE_SOFTCAP=softcap > 0, FP32_DOT=query.dtype == torch.float32, PDL=pdl, FOLD_MERGE=counters is not None,
+        USE_SOFTCAP=softcap > 0, FP32_DOT=query.dtype == torch.float32, PDL=pdl_mode(pdl, "attention"), FOLD_MERGE=counters is not None,
         PREFETCH=PREFETCH_KV, num_warps=warps, launch_pdl=pdl,
     )
     if num_splits > 1 and counters is None:
         _merge_splits_kernel[(t, hq)](part_acc, part_ml, out, out.stride(0), out.stride(1), t, hq,
-                                      HEAD_DIM=dim, D_PAD=d_pad, NUM_SPLITS=num_splits, PDL=pdl, launch_pdl=pdl)
+                                      HEAD_DIM=dim, D_PAD=d_pad, NUM_SPLITS=num_splits, PDL=pdl_mode(pdl, "merge"), launch_pdl=pdl)
 
 
 @opaque_op("unified_attention", _unified_attention).register_fake

@@ -16,7 +16,7 @@ from graphrunner.models import gemv
 from graphrunner.models.activation import silu_mul, silu_mul_ref
 from graphrunner.models.gemv import GemvConfig, config_for, prefetch_l2
 from graphrunner.opaque import opaque_op
-from graphrunner.pdl import pdl_launch_dependents, pdl_wait, use_pdl
+from graphrunner.pdl import pdl_enter, pdl_mode, use_pdl
 
 ENABLED = env_choice("GRAPHRUNNER_GEMV_GATED_ACT", ("0", "1"), "1") == "1"
 
@@ -61,8 +61,7 @@ def _gate_up_act_kernel(
         prefetch_l2(w_ptr + valid.to(tl.int64) * stride_wn, 0, K, BLOCK_K)
         prefetch_l2(w_ptr + (valid + I).to(tl.int64) * stride_wn, 0, K, BLOCK_K)
     if PDL:
-        pdl_launch_dependents()
-        pdl_wait()
+        pdl_enter(PDL)
     acc_g = tl.zeros((BLOCK_N, 16), dtype=tl.float32)  # gate^T and up^T, as the swapped GEMV accumulates
     acc_u = tl.zeros((BLOCK_N, 16), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
@@ -102,7 +101,7 @@ def gate_up_act_triton(x: Tensor, weight: Tensor, bias: Tensor | None, config: G
     _gate_up_act_kernel[(triton.cdiv(half, block_n),)](
         x, weight, bias if bias is not None else out, out, m, half, k, x.stride(0), weight.stride(0), out.stride(0),
         BLOCK_N=block_n, BLOCK_K=config.block_k, HAS_BIAS=bias is not None,
-        PREFETCH=gemv.prefetch_on(pdl, config.block_k), PDL=pdl,
+        PREFETCH=gemv.prefetch_on(pdl, config.block_k), PDL=pdl_mode(pdl, "gate_up_act"),
         num_warps=config.num_warps, num_stages=config.num_stages, launch_pdl=pdl,
     )
     return out

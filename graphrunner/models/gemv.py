@@ -28,7 +28,7 @@ from graphrunner.kernel_checks import num_sms as _num_sms
 from graphrunner.models.activation import silu_mul, silu_mul_ref, silu_mul_triton
 from graphrunner.models.norm import normed_tile, rms_norm_any
 from graphrunner.opaque import opaque_op
-from graphrunner.pdl import pdl_launch_dependents, pdl_wait, use_pdl
+from graphrunner.pdl import pdl_enter, pdl_mode, use_pdl
 
 MAX_M = 8  # token counts above this go to cuBLAS
 _DTYPES = (torch.bfloat16, torch.float16)
@@ -285,8 +285,7 @@ def _gemv_kernel(
     if PREFETCH:
         prefetch_l2(w_ptr + tl.minimum(offs_n, N - 1)[:, None].to(tl.int64) * stride_wn, k_start, k_end, BLOCK_K)
     if PDL:
-        pdl_launch_dependents()
-        pdl_wait()
+        pdl_enter(PDL)
     inv = tl.zeros((M_PAD,), dtype=tl.float32)  # NORM: 1 / rms of each x row over all of K (every split needs it)
     if NORM:
         ss = tl.zeros((M_PAD,), dtype=tl.float32)
@@ -396,7 +395,7 @@ def launch_gemv(x: Tensor, weight: Tensor, bias: Tensor | None, norm: tuple[Tens
         k_per_split, split_k, float(norm[1]) if norm is not None else 0.0,
         M_PAD=16 if cfg.use_dot else triton.next_power_of_2(m), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         SPLIT=split_k > 1, HAS_BIAS=bias is not None, USE_DOT=cfg.use_dot, NORM=norm is not None, ACT=silu_mul,
-        SWAP_AB=cfg.swap_ab, PREFETCH=prefetch_on(pdl, cfg.block_k), PDL=pdl, PARTIALS=partials,
+        SWAP_AB=cfg.swap_ab, PREFETCH=prefetch_on(pdl, cfg.block_k), PDL=pdl_mode(pdl, "gemv"), PARTIALS=partials,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl,
     )
 

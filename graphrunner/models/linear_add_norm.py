@@ -20,7 +20,7 @@ from graphrunner.models.activation import silu_mul_triton
 from graphrunner.models.gemv import GemvConfig, config_for, routes_to_gemv, split_plan
 from graphrunner.models.norm import add_norm_row, add_rms_norm_ref
 from graphrunner.opaque import opaque_op
-from graphrunner.pdl import pdl_launch_dependents, pdl_wait, use_pdl
+from graphrunner.pdl import pdl_enter, pdl_mode, use_pdl
 
 ENABLED = env_choice("GRAPHRUNNER_GEMV_PARTIALS", ("0", "1"), "1") == "1"
 
@@ -75,8 +75,7 @@ def _partials_add_norm_kernel(part_ptr, b_ptr, res_ptr, w_ptr, out_ptr, sum_ptr,
     mask = offs < D
     w = tl.load(w_ptr + offs, mask=mask, other=0.0)  # a constant weight: read before the wait (norm.add_norm_row)
     if PDL:  # the partials are the previous kernel's output: nothing else is read before the wait
-        pdl_launch_dependents()
-        pdl_wait()
+        pdl_enter(PDL)
     total = tl.zeros([BLOCK], dtype=tl.float32)
     for s in tl.static_range(SPLITS):  # the GEMV tail's order: ((0 + p0) + p1) + ...
         total += tl.load(part_ptr + (s * T + row) * D + offs, mask=mask, other=0.0)
@@ -106,7 +105,7 @@ def partials_add_rms_norm_triton(parts: Tensor, bias: Tensor | None, residual: T
         _partials_add_norm_kernel[(t,)](
             parts, bias if bias is not None else parts, residual, weight, out, summed, t, residual.stride(0),
             out.stride(0), summed.stride(0), d, eps, SPLITS=parts.shape[0], HAS_BIAS=bias is not None,
-            BLOCK=triton.next_power_of_2(d), PDL=pdl, num_warps=4, launch_pdl=pdl)
+            BLOCK=triton.next_power_of_2(d), PDL=pdl_mode(pdl, "partials_add_norm"), num_warps=4, launch_pdl=pdl)
     return out, summed
 
 

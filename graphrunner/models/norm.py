@@ -16,7 +16,7 @@ from torch import nn
 from graphrunner.env import env_choice
 from graphrunner.kernel_checks import check_tensor, interpreted
 from graphrunner.opaque import opaque_op
-from graphrunner.pdl import pdl_launch_dependents, pdl_wait, use_pdl
+from graphrunner.pdl import pdl_enter, pdl_mode, use_pdl
 
 # GRAPHRUNNER_FUSED_ADD_NORM=1: the decoder's residual adds and the norms after them run as graphrunner::add_rms_norm
 # (models.decoder); on by default, measured on the H200 (docs/DECISIONS.md)
@@ -106,8 +106,7 @@ def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, stride_x, stri
     mask = offs < D
     w = tl.load(w_ptr + offs, mask=mask, other=0.0)  # a constant weight: read before the wait
     if PDL:  # x is the previous kernel's output: nothing else is read before the wait
-        pdl_launch_dependents()
-        pdl_wait()
+        pdl_enter(PDL)
     x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
     add_norm_row(x, w, res_ptr, out_ptr, sum_ptr, row, offs, mask, stride_r, stride_o, stride_s, D, eps)
 
@@ -140,7 +139,7 @@ def add_rms_norm_triton(x: torch.Tensor, residual: torch.Tensor, weight: torch.T
         pdl = use_pdl(x.device)
         _add_rms_norm_kernel[(x.shape[0],)](x, residual, weight, out, summed, x.stride(0), residual.stride(0),
                                             out.stride(0), summed.stride(0), x.shape[1], eps,
-                                            BLOCK=triton.next_power_of_2(x.shape[1]), PDL=pdl, num_warps=4,
+                                            BLOCK=triton.next_power_of_2(x.shape[1]), PDL=pdl_mode(pdl, "add_norm"), num_warps=4,
                                             launch_pdl=pdl)
     return out, summed
 

@@ -18,7 +18,7 @@ from graphrunner.kernel_checks import check_tensor, interpreted
 from graphrunner.models.norm import rms_norm
 from graphrunner.models.rotary import apply_rotary
 from graphrunner.opaque import opaque_op
-from graphrunner.pdl import pdl_launch_dependents, pdl_wait, use_pdl
+from graphrunner.pdl import pdl_enter, pdl_mode, use_pdl
 
 # SelfAttention hands the op below its fused qkv row and q/k norms (on by default since the H200 A/B of
 # 2026-12-01: L1 TPOT 1.23 -> 0.96 ms, docs/DECISIONS.md); GRAPHRUNNER_FUSED_QKV_PREP=0 keeps the unfused path.
@@ -92,8 +92,7 @@ def _qkv_prep_kernel(
         w1 = tl.load(w_ptr + offs, mask=rope_mask, other=0.0)
         w2 = tl.load(w_ptr + half + offs, mask=rope_mask, other=0.0)
     if PDL:  # qkv is the previous kernel's output
-        pdl_launch_dependents()
-        pdl_wait()
+        pdl_enter(PDL)
     src = qkv_ptr + t * stride_qkv + h * HEAD_DIM
     x1 = tl.load(src + offs, mask=mask, other=0.0)  # [HALF_PAD] first half of the head
     x2 = tl.load(src + half + offs, mask=mask, other=0.0)
@@ -154,7 +153,7 @@ def qkv_prep_triton(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_n
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), eps,
         NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
         HALF_PAD=max(16, triton.next_power_of_2(head_dim // 2)), BLOCK_SIZE=block_size, HAS_NORM=has_norm,
-        PDL=pdl, num_warps=1 if head_dim <= 128 else 2, launch_pdl=pdl,
+        PDL=pdl_mode(pdl, "qkv_prep"), num_warps=1 if head_dim <= 128 else 2, launch_pdl=pdl,
     )
     return q_out
 
