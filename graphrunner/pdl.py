@@ -13,14 +13,20 @@ import torch
 import triton
 import triton.language as tl
 
-from graphrunner.env import env_choice
+from graphrunner.env import env_choice, env_number
 from graphrunner.kernel_checks import interpreted
 
 ENABLED = env_choice("GRAPHRUNNER_PDL", ("0", "1"), "1") == "1"
-# The kernels whose programs trigger their dependents only after their own wait (`pdl_enter`), not before it:
-# then the next kernel's programs can start only once the kernel before this one has ended, which bounds how many
-# grids sit waiting on the SMs at once. Comma-separated names of KERNELS, or "all"; for measurements
-# (docs/BENCHMARKS.md, thirty-second session).
+# Where a PDL kernel's programs trigger their dependents (`pdl_enter`): before their wait, so that the next kernel's
+# programs may be placed on the SMs while this kernel still waits; or after it, so that they are placed only once the
+# kernel before this one has ended, and at most one grid waits at a time. Batch-1 steps gain from the early trigger
+# (tiny grids, more of each launch hidden); from LATE_FROM tokens on, a launch triggers late, because there the
+# waiting grids (the tensor-core GEMVs' tiles and the attention programs) hold SM room that the running kernel's
+# own programs need (H200, L2 at batch 8: 0.963 -> 0.935 ms; at batch 1 late costs +75 us: docs/BENCHMARKS.md,
+# thirty-second session). GRAPHRUNNER_PDL_LATE_FROM=0 never triggers late by size; GRAPHRUNNER_PDL_LATE_TRIGGER
+# names KERNELS (or "all") that trigger late at every size, for measurements.
+LATE_FROM = int(env_number("GRAPHRUNNER_PDL_LATE_FROM", 2, integer=True, rule=">= 0 (tokens; 0: never)",
+                           valid=lambda v: v >= 0))
 KERNELS = ("gemv", "gate_up_act", "add_norm", "partials_add_norm", "qkv_prep", "attention", "merge")
 _LATE_RAW = os.environ.get("GRAPHRUNNER_PDL_LATE_TRIGGER", "").strip().lower()
 LATE_TRIGGER = frozenset(KERNELS if _LATE_RAW == "all" else (n.strip() for n in _LATE_RAW.split(",") if n.strip()))
@@ -34,10 +40,13 @@ def _capable(index: int) -> bool:
     return torch.cuda.get_device_capability(index)[0] >= 9
 
 
-def pdl_mode(pdl: bool, kernel: str) -> int:
-    """The PDL constexpr of a launch of `kernel` (one of KERNELS): 0 without PDL, 1 to trigger the dependents before
-    the wait, 2 after it (LATE_TRIGGER)."""
-    return 0 if not pdl else 2 if kernel in LATE_TRIGGER else 1
+def pdl_mode(pdl: bool, kernel: str, tokens: int) -> int:
+    """The PDL constexpr of a launch of `kernel` (one of KERNELS) over `tokens` rows: 0 without PDL, 1 to trigger the
+    dependents before the wait, 2 after it (LATE_FROM, LATE_TRIGGER)."""
+    if not pdl:
+        return 0
+    late = kernel in LATE_TRIGGER or (LATE_FROM > 0 and tokens >= LATE_FROM)
+    return 2 if late else 1
 
 
 def use_pdl(device: torch.device) -> bool:

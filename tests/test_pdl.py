@@ -38,20 +38,30 @@ def test_switch_is_on_by_default_and_never_applies_off_cuda(monkeypatch: pytest.
     assert not pdl.use_pdl(torch.device("cpu"))
 
 
-def test_trigger_position_per_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert pdl.pdl_mode(False, "gemv") == 0
+def test_trigger_position_by_size_and_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Early (1) below LATE_FROM tokens, late (2) from it; a named kernel late at every size; 0 without PDL."""
+    monkeypatch.setattr(pdl, "LATE_FROM", 2)
     monkeypatch.setattr(pdl, "LATE_TRIGGER", frozenset({"qkv_prep"}))
-    assert pdl.pdl_mode(True, "gemv") == 1
-    assert pdl.pdl_mode(True, "qkv_prep") == 2
+    assert pdl.pdl_mode(False, "gemv", 8) == 0
+    assert pdl.pdl_mode(True, "gemv", 1) == 1
+    assert pdl.pdl_mode(True, "gemv", 2) == 2
+    assert pdl.pdl_mode(True, "qkv_prep", 1) == 2
+    monkeypatch.setattr(pdl, "LATE_FROM", 0)  # never by size
+    assert pdl.pdl_mode(True, "attention", 256) == 1
 
 
-@pytest.mark.parametrize("value", ["gemv,atention", "yes"])
-def test_bad_late_trigger_names_are_refused(value: str) -> None:
-    env = {**os.environ, "GRAPHRUNNER_PDL_LATE_TRIGGER": value}
+@pytest.mark.parametrize(("name", "value", "message"), [
+    ("GRAPHRUNNER_PDL_LATE_TRIGGER", "gemv,atention", "GRAPHRUNNER_PDL_LATE_TRIGGER must be 'all' or names among gemv"),
+    ("GRAPHRUNNER_PDL_LATE_TRIGGER", "yes", "GRAPHRUNNER_PDL_LATE_TRIGGER must be 'all' or names among gemv"),
+    ("GRAPHRUNNER_PDL_LATE_FROM", "-1", "GRAPHRUNNER_PDL_LATE_FROM must be an integer >= 0"),
+    ("GRAPHRUNNER_PDL_LATE_FROM", "eight", "GRAPHRUNNER_PDL_LATE_FROM must be an integer >= 0"),
+])
+def test_bad_trigger_switches_are_refused(name: str, value: str, message: str) -> None:
+    env = {**os.environ, name: value}
     proc = subprocess.run([sys.executable, "-c", "import graphrunner.pdl"], env=env, capture_output=True, text=True,
                           timeout=120, check=False)
     assert proc.returncode != 0
-    assert "GRAPHRUNNER_PDL_LATE_TRIGGER must be 'all' or names among gemv" in proc.stderr
+    assert message in proc.stderr
 
 
 @pytest.mark.parametrize(("m", "n", "k", "config"), [

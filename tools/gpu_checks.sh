@@ -69,6 +69,8 @@
 #   bash tools/gpu_checks.sh lan31      # linear_add_norm's tests on CUDA, then the b=1 / b=8 kernel tables (PDL off)
 #   bash tools/gpu_checks.sh pdl32      # issue 17: L1/L2 with kernels triggering their dependents after their wait
 #                                       # (GRAPHRUNNER_PDL_LATE_TRIGGER) in turns; the steps' critical paths with PDL on
+#   bash tools/gpu_checks.sh late32     # issue 17: PDL's late trigger from 2 tokens (the default) against never, in
+#                                       # turns: L1, L2 at batch 2/4/8, T1; test_pdl on CUDA
 #   bash tools/gpu_checks.sh serve      # offline L1 and T1, then SV1 with the engine loop in a process (needs .whl/)
 #   bash tools/gpu_checks.sh serve-thread  # SV1 with the loop in a thread of the server (the old layout)
 #   bash tools/gpu_checks.sh tp         # on nvidia-h200-x2: TP tests (each test logged as it runs)
@@ -79,7 +81,7 @@
 # limit so the last phase still ends (and is tarred) inside the device call:
 #   DEADLINE=560 bash tools/gpu_checks.sh tests-a tests-b
 set -u
-[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-pair-table | spec-unroll | spec-why | spec-demo | spec-b64 | spec-b64-host | spec-diag | host-probe | small-mixed | spec16c | spec-cost | spec-table | rej | spec16 | spec16b | gemv | gemv-swap | gemv-pf | gemv-engine | final24 | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | final15 | attn-spills | attn-best | p1-rows | bench2 | sizes-tests | sizes-t1 | l2-table | startup | uncompiled | uncompiled-s1 | pair26 | pair26b | final26 | untuned | verify26 | verify27 | sweep17 | pair27 | pair27b | head28 | pair28 | pair28b | pair29 | pair29b | l2-30 | l2-30b | partials30 | lan31 | pdl32 | l2-17 | l1-17 | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-pair-table | spec-unroll | spec-why | spec-demo | spec-b64 | spec-b64-host | spec-diag | host-probe | small-mixed | spec16c | spec-cost | spec-table | rej | spec16 | spec16b | gemv | gemv-swap | gemv-pf | gemv-engine | final24 | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | final15 | attn-spills | attn-best | p1-rows | bench2 | sizes-tests | sizes-t1 | l2-table | startup | uncompiled | uncompiled-s1 | pair26 | pair26b | final26 | untuned | verify26 | verify27 | sweep17 | pair27 | pair27b | head28 | pair28 | pair28b | pair29 | pair29b | l2-30 | l2-30b | partials30 | lan31 | pdl32 | late32 | l2-17 | l1-17 | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
 OUT=${OUT:-/tmp/out}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 END=$(( $(date +%s) + ${DEADLINE:-100000} ))
@@ -1094,6 +1096,23 @@ pdl32)
   GRAPHRUNNER_PDL_LATE_TRIGGER=all T 200 python3 -m pytest -q -p no:cacheprovider -m "gpu or not gpu" tests/test_pdl.py \
     > "$R/pytest_pdl_late.log" 2>&1
   echo "pytest rc=$?" >> "$R/pytest_pdl_late.log"
+  ;;
+late32)
+  # PDL kernels triggering their dependents after their wait from GRAPHRUNNER_PDL_LATE_FROM tokens (default 2) against
+  # never (=0), in turns: L1 and L2 at batch 2, 4 and 8, then T1 once each; then test_pdl on CUDA under the default
+  model
+  i=0; for v in new old new old; do i=$((i + 1))
+    if [ $v = new ]; then unset GRAPHRUNNER_PDL_LATE_FROM; else export GRAPHRUNNER_PDL_LATE_FROM=0; fi
+    T 110 python3 tools/bench_latency.py --model /tmp/q06 --no-peer --workloads L1,L2 --batch-sizes 2,4,8 \
+      --json "$R/lat_${v}_$i.json" > "$R/lat_${v}_$i.log" 2>&1
+  done
+  for v in new old; do
+    if [ $v = new ]; then unset GRAPHRUNNER_PDL_LATE_FROM; else export GRAPHRUNNER_PDL_LATE_FROM=0; fi
+    T 90 python3 tools/bench_throughput.py --model /tmp/q06 --no-peer --json "$R/t1_$v.json" > "$R/t1_$v.log" 2>&1
+  done
+  unset GRAPHRUNNER_PDL_LATE_FROM
+  T 150 python3 -m pytest -q -p no:cacheprovider -m "gpu or not gpu" tests/test_pdl.py > "$R/pytest_pdl.log" 2>&1
+  echo "pytest rc=$?" >> "$R/pytest_pdl.log"
   ;;
 l2-17)
   # the twenty-eighth session's tensor-core rows (qkv 4096 x 2048 and gate_up 12288 x 2048 up to M = 8, chosen on a

@@ -326,12 +326,13 @@ def _launch(query: torch.Tensor, layer_cache: torch.Tensor, query_start_loc: tor
         block_table.stride(0), t, hq, scale, softcap if softcap > 0 else 1.0, max(sliding_window, 0),
         GROUP=group, HEAD_DIM=dim, D_PAD=d_pad, BLOCK_SIZE=block_size, BLOCK_Q=block_q, BLOCK_M=block_m,
         TILE=max(TILE_N, block_size), NUM_SPLITS=num_splits, USE_WINDOW=sliding_window >= 0,
-        USE_SOFTCAP=softcap > 0, FP32_DOT=query.dtype == torch.float32, PDL=pdl_mode(pdl, "attention"), FOLD_MERGE=counters is not None,
-        PREFETCH=PREFETCH_KV, num_warps=warps, launch_pdl=pdl,
+        USE_SOFTCAP=softcap > 0, FP32_DOT=query.dtype == torch.float32, PDL=pdl_mode(pdl, "attention", t),
+        FOLD_MERGE=counters is not None, PREFETCH=PREFETCH_KV, num_warps=warps, launch_pdl=pdl,
     )
     if num_splits > 1 and counters is None:
         _merge_splits_kernel[(t, hq)](part_acc, part_ml, out, out.stride(0), out.stride(1), t, hq,
-                                      HEAD_DIM=dim, D_PAD=d_pad, NUM_SPLITS=num_splits, PDL=pdl_mode(pdl, "merge"), launch_pdl=pdl)
+                                      HEAD_DIM=dim, D_PAD=d_pad, NUM_SPLITS=num_splits, PDL=pdl_mode(pdl, "merge", t),
+                                      launch_pdl=pdl)
 
 
 @opaque_op("unified_attention", _unified_attention).register_fake

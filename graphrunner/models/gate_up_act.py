@@ -101,7 +101,7 @@ def gate_up_act_triton(x: Tensor, weight: Tensor, bias: Tensor | None, config: G
     _gate_up_act_kernel[(triton.cdiv(half, block_n),)](
         x, weight, bias if bias is not None else out, out, m, half, k, x.stride(0), weight.stride(0), out.stride(0),
         BLOCK_N=block_n, BLOCK_K=config.block_k, HAS_BIAS=bias is not None,
-        PREFETCH=gemv.prefetch_on(pdl, config.block_k), PDL=pdl_mode(pdl, "gate_up_act"),
+        PREFETCH=gemv.prefetch_on(pdl, config.block_k), PDL=pdl_mode(pdl, "gate_up_act", m),
         num_warps=config.num_warps, num_stages=config.num_stages, launch_pdl=pdl,
     )
     return out

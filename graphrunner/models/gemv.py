@@ -395,7 +395,7 @@ def launch_gemv(x: Tensor, weight: Tensor, bias: Tensor | None, norm: tuple[Tens
         k_per_split, split_k, float(norm[1]) if norm is not None else 0.0,
         M_PAD=16 if cfg.use_dot else triton.next_power_of_2(m), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         SPLIT=split_k > 1, HAS_BIAS=bias is not None, USE_DOT=cfg.use_dot, NORM=norm is not None, ACT=silu_mul,
-        SWAP_AB=cfg.swap_ab, PREFETCH=prefetch_on(pdl, cfg.block_k), PDL=pdl_mode(pdl, "gemv"), PARTIALS=partials,
+        SWAP_AB=cfg.swap_ab, PREFETCH=prefetch_on(pdl, cfg.block_k), PDL=pdl_mode(pdl, "gemv", m), PARTIALS=partials,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl,
     )
 

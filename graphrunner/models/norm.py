@@ -139,8 +139,8 @@ def add_rms_norm_triton(x: torch.Tensor, residual: torch.Tensor, weight: torch.T
         pdl = use_pdl(x.device)
         _add_rms_norm_kernel[(x.shape[0],)](x, residual, weight, out, summed, x.stride(0), residual.stride(0),
                                             out.stride(0), summed.stride(0), x.shape[1], eps,
-                                            BLOCK=triton.next_power_of_2(x.shape[1]), PDL=pdl_mode(pdl, "add_norm"), num_warps=4,
-                                            launch_pdl=pdl)
+                                            BLOCK=triton.next_power_of_2(x.shape[1]),
+                                            PDL=pdl_mode(pdl, "add_norm", x.shape[0]), num_warps=4, launch_pdl=pdl)
     return out, summed
 
 

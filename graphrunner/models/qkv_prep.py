@@ -153,7 +153,7 @@ def qkv_prep_triton(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_n
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), eps,
         NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
         HALF_PAD=max(16, triton.next_power_of_2(head_dim // 2)), BLOCK_SIZE=block_size, HAS_NORM=has_norm,
-        PDL=pdl_mode(pdl, "qkv_prep"), num_warps=1 if head_dim <= 128 else 2, launch_pdl=pdl,
+        PDL=pdl_mode(pdl, "qkv_prep", t), num_warps=1 if head_dim <= 128 else 2, launch_pdl=pdl,
     )
     return q_out
 
