@@ -20,12 +20,13 @@ ENABLED = env_choice("GRAPHRUNNER_PDL", ("0", "1"), "1") == "1"
 # Where a PDL kernel's programs trigger their dependents (`pdl_enter`): before their wait, so that the next kernel's
 # programs may be placed on the SMs while this kernel still waits; or after it, so that they are placed only once the
 # kernel before this one has ended, and at most one grid waits at a time. Batch-1 steps gain from the early trigger
-# (tiny grids, more of each launch hidden); from LATE_FROM tokens on, a launch triggers late, because there the
-# waiting grids (the tensor-core GEMVs' tiles and the attention programs) hold SM room that the running kernel's
-# own programs need (H200, L2 at batch 8: 0.963 -> 0.935 ms; at batch 1 late costs +75 us: docs/BENCHMARKS.md,
-# thirty-second session). GRAPHRUNNER_PDL_LATE_FROM=0 never triggers late by size; GRAPHRUNNER_PDL_LATE_TRIGGER
+# (tiny grids, more of each launch hidden: all kernels late cost L1 +75 us on the H200). From LATE_FROM tokens on a
+# launch triggers late: there every small-M GEMV takes its tensor-core path (120-160 KB of shared memory a program,
+# one a SM), and early-placed waiting grids take the SMs the running kernel's own programs need (L2 at batch 8: 0.963
+# -> 0.935 ms; docs/BENCHMARKS.md, thirty-second session). Batches 2-4 (row-loop o and down projections) keep the
+# early trigger until measured. GRAPHRUNNER_PDL_LATE_FROM=0 never triggers late by size; GRAPHRUNNER_PDL_LATE_TRIGGER
 # names KERNELS (or "all") that trigger late at every size, for measurements.
-LATE_FROM = int(env_number("GRAPHRUNNER_PDL_LATE_FROM", 2, integer=True, rule=">= 0 (tokens; 0: never)",
+LATE_FROM = int(env_number("GRAPHRUNNER_PDL_LATE_FROM", 5, integer=True, rule=">= 0 (tokens; 0: never)",
                            valid=lambda v: v >= 0))
 KERNELS = ("gemv", "gate_up_act", "add_norm", "partials_add_norm", "qkv_prep", "attention", "merge")
 _LATE_RAW = os.environ.get("GRAPHRUNNER_PDL_LATE_TRIGGER", "").strip().lower()

@@ -69,7 +69,7 @@
 #   bash tools/gpu_checks.sh lan31      # linear_add_norm's tests on CUDA, then the b=1 / b=8 kernel tables (PDL off)
 #   bash tools/gpu_checks.sh pdl32      # issue 17: L1/L2 with kernels triggering their dependents after their wait
 #                                       # (GRAPHRUNNER_PDL_LATE_TRIGGER) in turns; the steps' critical paths with PDL on
-#   bash tools/gpu_checks.sh late32     # issue 17: PDL's late trigger from 2 tokens (the default) against never, in
+#   bash tools/gpu_checks.sh late32     # issue 17: PDL's late trigger from 5 tokens (the default), from 2, never; in
 #                                       # turns: L1, L2 at batch 2/4/8, T1; test_pdl on CUDA
 #   bash tools/gpu_checks.sh serve      # offline L1 and T1, then SV1 with the engine loop in a process (needs .whl/)
 #   bash tools/gpu_checks.sh serve-thread  # SV1 with the loop in a thread of the server (the old layout)
@@ -1098,19 +1098,18 @@ pdl32)
   echo "pytest rc=$?" >> "$R/pytest_pdl_late.log"
   ;;
 late32)
-  # PDL kernels triggering their dependents after their wait from GRAPHRUNNER_PDL_LATE_FROM tokens (default 2) against
-  # never (=0), in turns: L1 and L2 at batch 2, 4 and 8, then T1 once each; then test_pdl on CUDA under the default
+  # where PDL kernels trigger their dependents by launch size: GRAPHRUNNER_PDL_LATE_FROM 5 (the default), 2, and 0
+  # (never late), in turns: L1 and L2 at batch 2, 4 and 8, then T1 once each for the default and 0; then test_pdl on
+  # CUDA under the default
   model
-  i=0; for v in new old new old; do i=$((i + 1))
-    if [ $v = new ]; then unset GRAPHRUNNER_PDL_LATE_FROM; else export GRAPHRUNNER_PDL_LATE_FROM=0; fi
-    T 110 python3 tools/bench_latency.py --model /tmp/q06 --no-peer --workloads L1,L2 --batch-sizes 2,4,8 \
-      --json "$R/lat_${v}_$i.json" > "$R/lat_${v}_$i.log" 2>&1
+  i=0; for v in 5 2 0 5 2 0; do i=$((i + 1))
+    GRAPHRUNNER_PDL_LATE_FROM=$v T 110 python3 tools/bench_latency.py --model /tmp/q06 --no-peer --workloads L1,L2 \
+      --batch-sizes 2,4,8 --json "$R/lat_from${v}_$i.json" > "$R/lat_from${v}_$i.log" 2>&1
   done
-  for v in new old; do
-    if [ $v = new ]; then unset GRAPHRUNNER_PDL_LATE_FROM; else export GRAPHRUNNER_PDL_LATE_FROM=0; fi
-    T 90 python3 tools/bench_throughput.py --model /tmp/q06 --no-peer --json "$R/t1_$v.json" > "$R/t1_$v.log" 2>&1
+  for v in 5 0; do
+    GRAPHRUNNER_PDL_LATE_FROM=$v T 90 python3 tools/bench_throughput.py --model /tmp/q06 --no-peer \
+      --json "$R/t1_from$v.json" > "$R/t1_from$v.log" 2>&1
   done
-  unset GRAPHRUNNER_PDL_LATE_FROM
   T 150 python3 -m pytest -q -p no:cacheprovider -m "gpu or not gpu" tests/test_pdl.py > "$R/pytest_pdl.log" 2>&1
   echo "pytest rc=$?" >> "$R/pytest_pdl.log"
   ;;
