@@ -71,6 +71,8 @@
 #                                       # (GRAPHRUNNER_PDL_LATE_TRIGGER) in turns; the steps' critical paths with PDL on
 #   bash tools/gpu_checks.sh late32     # issue 17: PDL's late trigger from 5 tokens (the default), from 2, never; in
 #                                       # turns: L1, L2 at batch 2/4/8, T1; test_pdl on CUDA
+#   bash tools/gpu_checks.sh prep32     # issue 17: the attention prologue folded into decode attention
+#                                       # (GRAPHRUNNER_ATTN_DECODE_PREP) at 4 and 8 warps: tests on CUDA, L1/L2 in turns
 #   bash tools/gpu_checks.sh serve      # offline L1 and T1, then SV1 with the engine loop in a process (needs .whl/)
 #   bash tools/gpu_checks.sh serve-thread  # SV1 with the loop in a thread of the server (the old layout)
 #   bash tools/gpu_checks.sh tp         # on nvidia-h200-x2: TP tests (each test logged as it runs)
@@ -81,7 +83,7 @@
 # limit so the last phase still ends (and is tarred) inside the device call:
 #   DEADLINE=560 bash tools/gpu_checks.sh tests-a tests-b
 set -u
-[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-pair-table | spec-unroll | spec-why | spec-demo | spec-b64 | spec-b64-host | spec-diag | host-probe | small-mixed | spec16c | spec-cost | spec-table | rej | spec16 | spec16b | gemv | gemv-swap | gemv-pf | gemv-engine | final24 | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | final15 | attn-spills | attn-best | p1-rows | bench2 | sizes-tests | sizes-t1 | l2-table | startup | uncompiled | uncompiled-s1 | pair26 | pair26b | final26 | untuned | verify26 | verify27 | sweep17 | pair27 | pair27b | head28 | pair28 | pair28b | pair29 | pair29b | l2-30 | l2-30b | partials30 | lan31 | pdl32 | late32 | l2-17 | l1-17 | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-pair-table | spec-unroll | spec-why | spec-demo | spec-b64 | spec-b64-host | spec-diag | host-probe | small-mixed | spec16c | spec-cost | spec-table | rej | spec16 | spec16b | gemv | gemv-swap | gemv-pf | gemv-engine | final24 | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | final15 | attn-spills | attn-best | p1-rows | bench2 | sizes-tests | sizes-t1 | l2-table | startup | uncompiled | uncompiled-s1 | pair26 | pair26b | final26 | untuned | verify26 | verify27 | sweep17 | pair27 | pair27b | head28 | pair28 | pair28b | pair29 | pair29b | l2-30 | l2-30b | partials30 | lan31 | pdl32 | late32 | prep32 | l2-17 | l1-17 | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
 OUT=${OUT:-/tmp/out}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 END=$(( $(date +%s) + ${DEADLINE:-100000} ))
@@ -1112,6 +1114,19 @@ late32)
   done
   T 150 python3 -m pytest -q -p no:cacheprovider -m "gpu or not gpu" tests/test_pdl.py > "$R/pytest_pdl.log" 2>&1
   echo "pytest rc=$?" >> "$R/pytest_pdl.log"
+  ;;
+prep32)
+  # the q/k prologue folded into decode attention (GRAPHRUNNER_ATTN_DECODE_PREP=1, attention/decode_prep.py): its tests
+  # on CUDA (bf16 against the prologue + attention references, the engine's tokens through FULL graphs), then L1 / L2
+  # at batch 8 with it off and on, at the default 4 warps and at 8 (at 4 the folded kernel spills more), in turns
+  model &
+  T 200 python3 -m pytest -q -p no:cacheprovider -m "gpu or not gpu" tests/test_decode_prep.py \
+    > "$R/pytest_prep.log" 2>&1
+  echo "pytest rc=$?" >> "$R/pytest_prep.log"
+  wait
+  i=0; for v in "0 0" "1 0" "1 8" "0 0" "1 0" "1 8"; do i=$((i + 1)); set -- $v
+    GRAPHRUNNER_ATTN_DECODE_PREP=$1 GRAPHRUNNER_ATTN_WARPS=$2 lat "prep$1_warps$2_$i"
+  done
   ;;
 l2-17)
   # the twenty-eighth session's tensor-core rows (qkv 4096 x 2048 and gate_up 12288 x 2048 up to M = 8, chosen on a

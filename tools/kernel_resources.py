@@ -26,6 +26,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from graphrunner.attention import decode_prep
 from graphrunner.attention import triton_attention as ta
 
 HQ, HKV, DIM, BLOCK_SIZE = 16, 8, 128, 16  # Qwen3-0.6B attention, the engine's default block size
@@ -33,7 +34,8 @@ HQ, HKV, DIM, BLOCK_SIZE = 16, 8, 128, 16  # Qwen3-0.6B attention, the engine's 
 SHAPES = (("decode b=1 ctx=330", 1, 1, 330), ("decode b=8 ctx=330", 8, 1, 330), ("hit 64 over 4160", 1, 64, 4160))
 
 
-def launch_constexprs(num_reqs: int, q_len: int, keys: int, tile: int, prefetch: bool) -> tuple[dict[str, Any], int]:
+def launch_constexprs(num_reqs: int, q_len: int, keys: int, tile: int, prefetch: bool,
+                      prep: bool = False) -> tuple[dict[str, Any], int]:
     """The constexprs and default warps `_launch` picks for this step (its rules, this module's knobs)."""
     group = HQ // HKV
     tiles = num_reqs * ta.query_tiles(q_len, group)
@@ -42,14 +44,16 @@ def launch_constexprs(num_reqs: int, q_len: int, keys: int, tile: int, prefetch:
     block_m = max(rows, triton.next_power_of_2(group))
     consts = {"GROUP": group, "HEAD_DIM": DIM, "D_PAD": DIM, "BLOCK_SIZE": BLOCK_SIZE, "BLOCK_Q": block_m // group,
               "BLOCK_M": block_m, "TILE": max(tile, BLOCK_SIZE), "NUM_SPLITS": splits, "USE_WINDOW": False,
-              "USE_SOFTCAP": False, "FP32_DOT": False, "PDL": True, "FOLD_MERGE": False, "PREFETCH": prefetch}
+              "USE_SOFTCAP": False, "FP32_DOT": False, "PDL": True, "FOLD_MERGE": False, "PREFETCH": prefetch,
+              "PREP": prep, "HAS_NORM": prep}
     return consts, 8 if block_m >= 128 else 4
 
 
 def signature(consts: dict[str, Any]) -> dict[str, str]:
     pointers = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "out_ptr": "*bf16", "part_acc_ptr": "*fp32",
                 "part_ml_ptr": "*fp32", "qsl_ptr": "*i32", "seq_lens_ptr": "*i32", "block_table_ptr": "*i32",
-                "counter_ptr": "*i32", "scale": "fp32", "softcap": "fp32"}
+                "counter_ptr": "*i32", "scale": "fp32", "softcap": "fp32", "qkv_ptr": "*bf16", "q_norm_ptr": "*bf16",
+                "k_norm_ptr": "*bf16", "cos_ptr": "*bf16", "sin_ptr": "*bf16", "slot_ptr": "*i64", "eps": "fp32"}
     params = inspect.signature(ta._unified_attention_kernel.fn).parameters
     return {n: "constexpr" if n in consts else pointers.get(n, "i32") for n in params}
 
@@ -119,16 +123,20 @@ def main() -> None:
     ap.add_argument("--json", default="kernel_resources.json")
     args = ap.parse_args()
     rows = []
-    for (name, b, q, keys), warps, tile, prefetch in itertools.product(
-            SHAPES, [int(w) for w in args.warps.split(",")], [int(t) for t in args.tiles.split(",")], (False, True)):
-        consts, engine_warps = launch_constexprs(b, q, keys, tile, prefetch)
-        row = {"shape": name, "warps": warps, "tile": tile, "prefetch": prefetch,
+    for (name, b, q, keys), warps, tile, prefetch, prep in itertools.product(
+            SHAPES, [int(w) for w in args.warps.split(",")], [int(t) for t in args.tiles.split(",")], (False, True),
+            (False, True)):
+        if prep and q > 1:
+            continue  # the folded prologue (attention/decode_prep.py) serves decode steps only
+        consts, engine_warps = launch_constexprs(b, q, keys, tile, prefetch, prep)
+        row = {"shape": name, "warps": warps, "tile": tile, "prefetch": prefetch, "prep": prep,
                "splits": consts["NUM_SPLITS"], "block_m": consts["BLOCK_M"],
                "engine_launch": warps == (ta.ATTN_WARPS or engine_warps) and tile == ta.TILE_N
-               and prefetch == ta.PREFETCH_KV,
+               and prefetch == ta.PREFETCH_KV and prep == (decode_prep.DECODE_PREP and q <= 1),
                **resources(ta._unified_attention_kernel, signature(consts), consts, {"num_warps": warps})}
         rows.append(row)
-        print(f"{name:<20} warps {warps} tile {tile:<3} prefetch {int(prefetch)} splits {row['splits']:<2}: "
+        print(f"{name:<20} warps {warps} tile {tile:<3} prefetch {int(prefetch)} prep {int(prep)} "
+              f"splits {row['splits']:<2}: "
               f"{row['registers']:3d} registers, {row['stack_bytes']:4d} B stack, {row['spill_instructions']:3d} "
               f"spill instructions{'  *' if row['engine_launch'] else ''}", flush=True)
     gemv = gemv_rows()

@@ -13,11 +13,13 @@ import torch
 from torch import nn
 
 from graphrunner.attention.context import ForwardContext, get_forward_context
+from graphrunner.attention.decode_prep import DecodePrep
 from graphrunner.attention.reference import paged_attention_ref, write_kv_ref
 from graphrunner.attention.triton_attention import (
     choose_num_splits,
     query_tiles,
     unified_attention,
+    unified_attention_prepped,
     write_kv_triton,
 )
 from graphrunner.opaque import opaque_op
@@ -32,14 +34,31 @@ def attend(ctx: ForwardContext, q3: torch.Tensor, out: torch.Tensor, layer_idx: 
     t = q3.shape[0]
     window = None if sliding_window < 0 else sliding_window
     if ctx.backend == "triton":
-        splits = meta.backend_cache.get("num_splits")
-        if splits is None:  # one choice per step, shared by every layer (a captured graph sets its own)
-            tiles = meta.num_reqs * query_tiles(meta.max_query_len, num_heads // num_kv_heads)
-            splits = choose_num_splits(tiles, num_kv_heads, meta.max_seq_len)
-            meta.backend_cache["num_splits"] = splits
-        unified_attention(q3, layer_cache, meta, scale, window, num_splits=splits, out=out.view(t, num_heads, head_dim))
+        unified_attention(q3, layer_cache, meta, scale, window, num_splits=_num_splits(ctx, num_heads, num_kv_heads),
+                          out=out.view(t, num_heads, head_dim))
     else:
         out.view(t, num_heads, head_dim).copy_(paged_attention_ref(q3, layer_cache, meta, scale, window))
+
+
+def attend_prepped(ctx: ForwardContext, prep: DecodePrep, out: torch.Tensor, layer_idx: int, num_heads: int,
+                   num_kv_heads: int, head_dim: int, scale: float, sliding_window: int) -> None:
+    """attend() for a decode step on the Triton backend from the un-normed, un-roped projection: the kernel runs the
+    attention prologue itself and writes this step's K/V (decode_prep.py) -> out [T, Hq*D]."""
+    t = prep.qkv.shape[0]
+    unified_attention_prepped(prep, ctx.kv_cache[layer_idx], ctx.meta, scale,
+                              None if sliding_window < 0 else sliding_window,
+                              _num_splits(ctx, num_heads, num_kv_heads), out.view(t, num_heads, head_dim))
+
+
+def _num_splits(ctx: ForwardContext, num_heads: int, num_kv_heads: int) -> int:
+    """The step's KV split count: one choice per step, shared by every layer (a captured graph sets its own)."""
+    meta = ctx.meta
+    splits = meta.backend_cache.get("num_splits")
+    if splits is None:
+        tiles = meta.num_reqs * query_tiles(meta.max_query_len, num_heads // num_kv_heads)
+        splits = choose_num_splits(tiles, num_kv_heads, meta.max_seq_len)
+        meta.backend_cache["num_splits"] = splits
+    return splits
 
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, layer_idx: int,

@@ -14,6 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
+from graphrunner.attention.decode_prep import DecodePrep, prep_rows
 from graphrunner.attention.metadata import AttentionMetadata
 from graphrunner.env import env_choice, env_number
 from graphrunner.kernel_checks import check_tensor, step_sizes, zeroed_counters
@@ -73,10 +74,12 @@ def _unified_attention_kernel(
     stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
     stride_ot, stride_oh, stride_bt, num_tokens, num_q_heads,
     scale, softcap, window,
+    # PREP (decode_prep.py): q, k and v come from the fused projection qkv_ptr [T, (Hq + 2 Hkv) D]
+    qkv_ptr, q_norm_ptr, k_norm_ptr, cos_ptr, sin_ptr, slot_ptr, stride_qkv, stride_cos, stride_sin, eps,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, TILE: tl.constexpr, NUM_SPLITS: tl.constexpr,
     USE_WINDOW: tl.constexpr, USE_SOFTCAP: tl.constexpr, FP32_DOT: tl.constexpr, PDL: tl.constexpr,
-    FOLD_MERGE: tl.constexpr, PREFETCH: tl.constexpr,
+    FOLD_MERGE: tl.constexpr, PREFETCH: tl.constexpr, PREP: tl.constexpr, HAS_NORM: tl.constexpr,
 ):
     if PDL:  # everything below reads what earlier kernels wrote (graphrunner.pdl)
         pdl_enter(PDL)
@@ -97,8 +100,14 @@ def _unified_attention_kernel(
         q_pos = ctx + q_local                                    # absolute position of each row
         d = tl.arange(0, D_PAD)
         d_ok = d < HEAD_DIM
-        q = tl.load(q_ptr + (q_start + q_local)[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
-                    mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+        if PREP:  # decode: one token per request, its q heads normed and roped here
+            q = prep_rows(qkv_ptr + q_start * stride_qkv + head[:, None] * HEAD_DIM, q_norm_ptr,
+                          cos_ptr + q_start * stride_cos + tl.zeros([BLOCK_M, 1], tl.int32),
+                          sin_ptr + q_start * stride_sin + tl.zeros([BLOCK_M, 1], tl.int32), row_ok[:, None], d,
+                          eps, HEAD_DIM, HAS_NORM)
+        else:
+            q = tl.load(q_ptr + (q_start + q_local)[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
+                        mask=row_ok[:, None] & d_ok[None, :], other=0.0)
 
         # Causal key range of the whole tile, then this program's slice of it.
         last_q = tl.minimum(q_tile * BLOCK_Q + BLOCK_Q, q_len) - 1
@@ -110,6 +119,23 @@ def _unified_attention_kernel(
         lo = kv_start + split * per
         hi = tl.minimum(kv_end, lo + per)
 
+        if PREP:
+            # the new token's key and value ([1, D_PAD]); the split holding its position writes them into the cache
+            # and every tile takes them from here (the cache row is not read: this launch writes it)
+            new_pos = seq_len - 1
+            one = tl.zeros([1, 1], tl.int32)
+            num_kv_heads = tl.num_programs(2) // NUM_SPLITS
+            k_new = prep_rows(qkv_ptr + q_start * stride_qkv + (num_q_heads + kvh) * HEAD_DIM + one, k_norm_ptr,
+                              cos_ptr + q_start * stride_cos + one, sin_ptr + q_start * stride_sin + one, one == 0, d,
+                              eps, HEAD_DIM, HAS_NORM)
+            v_new = tl.load(qkv_ptr + q_start * stride_qkv + (num_q_heads + num_kv_heads + kvh) * HEAD_DIM
+                            + d[None, :], mask=d_ok[None, :], other=0.0)
+            slot_new = tl.load(slot_ptr + q_start)
+            if (lo <= new_pos) & (new_pos < hi) & (slot_new >= 0):
+                dst = (slot_new // BLOCK_SIZE) * stride_kb + (slot_new % BLOCK_SIZE) * stride_ks + kvh * stride_kh
+                tl.store(k_ptr + dst + d[None, :], k_new, mask=d_ok[None, :])
+                dst = (slot_new // BLOCK_SIZE) * stride_vb + (slot_new % BLOCK_SIZE) * stride_vs + kvh * stride_vh
+                tl.store(v_ptr + dst + d[None, :], v_new, mask=d_ok[None, :])
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
@@ -126,9 +152,14 @@ def _unified_attention_kernel(
                 blk = tl.load(bt_row + n // BLOCK_SIZE, mask=n_ok, other=0)
             slot = n % BLOCK_SIZE
             kv_mask = n_ok[:, None] & d_ok[None, :]
+            if PREP:
+                fresh = (n == new_pos)[:, None]  # [TILE, 1]
+                kv_mask = kv_mask & (n != new_pos)[:, None]
             # Unused slots may hold anything (NaN included): masked loads read 0 there.
             k = tl.load(k_ptr + blk[:, None].to(tl.int64) * stride_kb + slot[:, None] * stride_ks + kvh * stride_kh
                         + d[None, :], mask=kv_mask, other=0.0)
+            if PREP:
+                k = tl.where(fresh, k_new, k)
             if PREFETCH:
                 # V and the next tile's block ids are issued with K, so one memory latency per tile, not three
                 # (block ids -> K -> V); the arithmetic below is unchanged, so the bits are too
@@ -154,6 +185,8 @@ def _unified_attention_kernel(
             if not PREFETCH:
                 v = tl.load(v_ptr + blk[:, None].to(tl.int64) * stride_vb + slot[:, None] * stride_vs
                             + kvh * stride_vh + d[None, :], mask=kv_mask, other=0.0)
+            if PREP:
+                v = tl.where(fresh, v_new, v)
             if FP32_DOT:
                 pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
             else:
@@ -283,9 +316,27 @@ def _unified_attention(query: torch.Tensor, layer_cache: torch.Tensor, query_sta
     return out
 
 
+def unified_attention_prepped(prep: DecodePrep, layer_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
+                              sliding_window: int | None, num_splits: int, out: torch.Tensor) -> None:
+    """Decode attention from the un-normed, un-roped projection (decode_prep.py): out [T, Hq, D] (unit stride in
+    D) <- attention of prep's queries, normed and roped in the kernel, whose keys and values the kernel also writes
+    into layer_cache at prep.slot_mapping. Decode-only steps (one token per request) only."""
+    if meta.max_query_len > 1:
+        raise ValueError(f"the folded prologue serves decode steps (one token per request), got max_query_len "
+                         f"{meta.max_query_len}")
+    t, hq, dim = out.shape
+    prep.check(t, hq, layer_cache.shape[3], dim)
+    check_tensor(prep.qkv, "qkv", out.dtype, 2, out.device)
+    window = -1 if sliding_window is None else sliding_window
+    _launch(out, layer_cache, meta.query_start_loc, meta.seq_lens, meta.block_table, meta.num_reqs,
+            meta.max_query_len, scale, window, 0.0, num_splits, out, prep)
+
+
 def _launch(query: torch.Tensor, layer_cache: torch.Tensor, query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
             block_table: torch.Tensor, num_reqs: int, max_query_len: int, scale: float, sliding_window: int,
-            softcap: float, num_splits: int, out: torch.Tensor) -> None:
+            softcap: float, num_splits: int, out: torch.Tensor, prep: DecodePrep | None = None) -> None:
+    """The kernel (and the split merge) over query [T, Hq, D]; with `prep`, query only gives the shapes (out may
+    stand in for it) and the queries, keys and values come from prep.qkv."""
     check_tensor(query, "query", (torch.float32, torch.bfloat16, torch.float16), 3, None)
     check_tensor(layer_cache, "layer_cache", query.dtype, 5, query.device)
     t, hq, dim = query.shape
@@ -324,15 +375,26 @@ def _launch(query: torch.Tensor, layer_cache: torch.Tensor, query_start_loc: tor
         query.stride(0), query.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0), out.stride(1),
         block_table.stride(0), t, hq, scale, softcap if softcap > 0 else 1.0, max(sliding_window, 0),
+        *_prep_args(prep, query),
         GROUP=group, HEAD_DIM=dim, D_PAD=d_pad, BLOCK_SIZE=block_size, BLOCK_Q=block_q, BLOCK_M=block_m,
         TILE=max(TILE_N, block_size), NUM_SPLITS=num_splits, USE_WINDOW=sliding_window >= 0,
         USE_SOFTCAP=softcap > 0, FP32_DOT=query.dtype == torch.float32, PDL=pdl_mode(pdl, "attention", t),
-        FOLD_MERGE=counters is not None, PREFETCH=PREFETCH_KV, num_warps=warps, launch_pdl=pdl,
+        FOLD_MERGE=counters is not None, PREFETCH=PREFETCH_KV, PREP=prep is not None,
+        HAS_NORM=prep is not None and prep.q_norm is not None, num_warps=warps, launch_pdl=pdl,
     )
     if num_splits > 1 and counters is None:
         _merge_splits_kernel[(t, hq)](part_acc, part_ml, out, out.stride(0), out.stride(1), t, hq,
                                       HEAD_DIM=dim, D_PAD=d_pad, NUM_SPLITS=num_splits, PDL=pdl_mode(pdl, "merge", t),
                                       launch_pdl=pdl)
+
+
+def _prep_args(prep: DecodePrep | None, query: torch.Tensor) -> tuple:
+    """The kernel's qkv, q_norm, k_norm, cos, sin, slots, their strides and eps (query stands in for the unused)."""
+    if prep is None:
+        return (query,) * 6 + (0, 0, 0, 0.0)
+    norms = (prep.q_norm, prep.k_norm) if prep.q_norm is not None else (query, query)
+    return (prep.qkv, *norms, prep.cos, prep.sin, prep.slot_mapping, prep.qkv.stride(0), prep.cos.stride(0),
+            prep.sin.stride(0), prep.eps)
 
 
 @opaque_op("unified_attention", _unified_attention).register_fake

@@ -10,8 +10,10 @@ import torch
 import triton
 import triton.language as tl
 
+from graphrunner.attention import decode_prep
 from graphrunner.attention.context import get_forward_context
-from graphrunner.attention.layer import attend
+from graphrunner.attention.decode_prep import DecodePrep
+from graphrunner.attention.layer import attend, attend_prepped
 from graphrunner.attention.reference import write_kv_ref
 from graphrunner.env import env_choice
 from graphrunner.kernel_checks import check_tensor, interpreted
@@ -178,6 +180,10 @@ def _paged_attention_qkv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
                          num_kv_heads: int, head_dim: int, scale: float, sliding_window: int) -> None:
     ctx = get_forward_context()
     kernel = ctx.backend == "triton" and (not INTERPRETED or KERNEL_UNDER_INTERPRETER)
+    if kernel and decode_prep.DECODE_PREP and ctx.meta.max_query_len <= 1:  # the prologue inside attention
+        prep = DecodePrep(qkv, cos, sin, q_norm, k_norm, eps, ctx.meta.slot_mapping)
+        attend_prepped(ctx, prep, out, layer_idx, num_heads, num_kv_heads, head_dim, scale, sliding_window)
+        return
     prep = qkv_prep_triton if kernel else qkv_prep_ref
     q = prep(qkv, cos, sin, q_norm, k_norm, eps, ctx.kv_cache[layer_idx], ctx.meta.slot_mapping, num_heads,
              num_kv_heads, head_dim)  # [T, Hq*D]
