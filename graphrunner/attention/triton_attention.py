@@ -3,7 +3,7 @@
 Each program owns (request, tile of query tokens x the query heads of one KV head, KV split):
 GQA heads are packed into the tile's rows, keys/values are gathered from the paged cache through
 the request's block table, and an online softmax runs over the tile's causal key range. With
-num_splits > 1 each program covers one slice of that range and a reduction kernel merges the
+num_splits > 1 each program covers one slice of that range and a reduction kernel (split_merge.py) merges the
 partial results (flash-decoding). `write_kv_triton` fills the cache from slot_mapping, skipping
 slot -1. The PyTorch reference for both is graphrunner.attention.reference.
 """
@@ -16,6 +16,7 @@ import triton.language as tl
 
 from graphrunner.attention.decode_prep import DecodePrep, prep_rows
 from graphrunner.attention.metadata import AttentionMetadata
+from graphrunner.attention.split_merge import _merge_rows, _merge_splits_kernel
 from graphrunner.env import env_choice, env_number
 from graphrunner.kernel_checks import check_tensor, step_sizes, zeroed_counters
 from graphrunner.opaque import opaque_op
@@ -213,58 +214,6 @@ def _unified_attention_kernel(
                     _merge_rows(part_acc_ptr, part_ml_ptr, out_ptr, tok, head, row_ok, d, d_ok, stride_ot,
                                 stride_oh, num_tokens, num_q_heads, BLOCK_M, D_PAD, NUM_SPLITS)
                     tl.atomic_xchg(counter_ptr + tile, 0)  # zero again for the next launch (and graph replay)
-
-
-@triton.jit
-def _merge_rows(part_acc_ptr, part_ml_ptr, out_ptr, tok, head, row_ok, d, d_ok, stride_ot, stride_oh, num_tokens,
-                num_q_heads, BLOCK_M: tl.constexpr, D_PAD: tl.constexpr, NUM_SPLITS: tl.constexpr):
-    """The folded merge of one tile's rows [BLOCK_M]: _merge_splits_kernel's arithmetic, in its order, per row (so
-    the bits match it); partials read through L2 (.cg: other SMs wrote them)."""
-    m_max = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    for s in range(NUM_SPLITS):
-        row = (s * num_tokens + tok) * num_q_heads + head
-        m_max = tl.maximum(m_max, tl.load(part_ml_ptr + row.to(tl.int64) * 2, mask=row_ok, other=0.0,
-                                          cache_modifier=".cg"))
-    m_safe = tl.where(m_max == float("-inf"), 0.0, m_max)
-    acc = tl.zeros([BLOCK_M, D_PAD], tl.float32)
-    den = tl.zeros([BLOCK_M], tl.float32)
-    for s in range(NUM_SPLITS):
-        row = (s * num_tokens + tok) * num_q_heads + head
-        m_s = tl.load(part_ml_ptr + row.to(tl.int64) * 2, mask=row_ok, other=0.0, cache_modifier=".cg")
-        l_s = tl.load(part_ml_ptr + row.to(tl.int64) * 2 + 1, mask=row_ok, other=0.0, cache_modifier=".cg")
-        w = tl.where(m_s == float("-inf"), 0.0, tl.exp(m_s - m_safe))  # an empty split adds nothing
-        acc += tl.load(part_acc_ptr + row[:, None].to(tl.int64) * D_PAD + d[None, :], mask=row_ok[:, None],
-                       other=0.0, cache_modifier=".cg") * w[:, None]
-        den += l_s * w
-    out = acc / tl.where(den == 0.0, 1.0, den)[:, None]
-    tl.store(out_ptr + tok[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
-             out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
-
-
-@triton.jit(do_not_specialize=step_sizes("num_tokens"))
-def _merge_splits_kernel(part_acc_ptr, part_ml_ptr, out_ptr, stride_ot, stride_oh, num_tokens, num_q_heads,
-                         HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, NUM_SPLITS: tl.constexpr, PDL: tl.constexpr):
-    if PDL:
-        pdl_enter(PDL)
-    tok = tl.program_id(0)
-    head = tl.program_id(1)
-    d = tl.arange(0, D_PAD)
-    m_max = tl.full([1], float("-inf"), tl.float32)
-    for s in range(NUM_SPLITS):
-        row = (s * num_tokens + tok) * num_q_heads + head
-        m_max = tl.maximum(m_max, tl.load(part_ml_ptr + row.to(tl.int64) * 2 + tl.zeros([1], tl.int32)))
-    m_safe = tl.where(m_max == float("-inf"), 0.0, m_max)
-    acc = tl.zeros([D_PAD], tl.float32)
-    den = tl.zeros([1], tl.float32)
-    for s in range(NUM_SPLITS):
-        row = (s * num_tokens + tok) * num_q_heads + head
-        m_s = tl.load(part_ml_ptr + row.to(tl.int64) * 2 + tl.zeros([1], tl.int32))
-        l_s = tl.load(part_ml_ptr + row.to(tl.int64) * 2 + 1 + tl.zeros([1], tl.int32))
-        w = tl.where(m_s == float("-inf"), 0.0, tl.exp(m_s - m_safe))  # an empty split adds nothing
-        acc += tl.load(part_acc_ptr + row.to(tl.int64) * D_PAD + d) * w
-        den += l_s * w
-    out = acc / tl.where(den == 0.0, 1.0, den)
-    tl.store(out_ptr + tok * stride_ot + head * stride_oh + d, out.to(out_ptr.dtype.element_ty), mask=d < HEAD_DIM)
 
 
 def query_tiles(max_query_len: int, group: int) -> int:
