@@ -73,6 +73,8 @@
 #                                       # turns: L1, L2 at batch 2/4/8, T1; test_pdl on CUDA
 #   bash tools/gpu_checks.sh prep32     # issue 17: the attention prologue folded into decode attention
 #                                       # (GRAPHRUNNER_ATTN_DECODE_PREP) at 4 and 8 warps: tests on CUDA, L1/L2 in turns
+#   bash tools/gpu_checks.sh tc32       # issue 17: other tensor-core shapes for gate-up and qkv at 2-8 tokens (more,
+#                                       # smaller programs), L2 at batch 8 per table in turns
 #   bash tools/gpu_checks.sh serve      # offline L1 and T1, then SV1 with the engine loop in a process (needs .whl/)
 #   bash tools/gpu_checks.sh serve-thread  # SV1 with the loop in a thread of the server (the old layout)
 #   bash tools/gpu_checks.sh tp         # on nvidia-h200-x2: TP tests (each test logged as it runs)
@@ -83,7 +85,7 @@
 # limit so the last phase still ends (and is tarred) inside the device call:
 #   DEADLINE=560 bash tools/gpu_checks.sh tests-a tests-b
 set -u
-[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-pair-table | spec-unroll | spec-why | spec-demo | spec-b64 | spec-b64-host | spec-diag | host-probe | small-mixed | spec16c | spec-cost | spec-table | rej | spec16 | spec16b | gemv | gemv-swap | gemv-pf | gemv-engine | final24 | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | final15 | attn-spills | attn-best | p1-rows | bench2 | sizes-tests | sizes-t1 | l2-table | startup | uncompiled | uncompiled-s1 | pair26 | pair26b | final26 | untuned | verify26 | verify27 | sweep17 | pair27 | pair27b | head28 | pair28 | pair28b | pair29 | pair29b | l2-30 | l2-30b | partials30 | lan31 | pdl32 | late32 | prep32 | l2-17 | l1-17 | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-pair-table | spec-unroll | spec-why | spec-demo | spec-b64 | spec-b64-host | spec-diag | host-probe | small-mixed | spec16c | spec-cost | spec-table | rej | spec16 | spec16b | gemv | gemv-swap | gemv-pf | gemv-engine | final24 | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | final15 | attn-spills | attn-best | p1-rows | bench2 | sizes-tests | sizes-t1 | l2-table | startup | uncompiled | uncompiled-s1 | pair26 | pair26b | final26 | untuned | verify26 | verify27 | sweep17 | pair27 | pair27b | head28 | pair28 | pair28b | pair29 | pair29b | l2-30 | l2-30b | partials30 | lan31 | pdl32 | late32 | prep32 | tc32 | l2-17 | l1-17 | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
 OUT=${OUT:-/tmp/out}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 END=$(( $(date +%s) + ${DEADLINE:-100000} ))
@@ -1127,6 +1129,36 @@ prep32)
   i=0; for v in "0 0" "1 0" "1 8" "0 0" "1 0" "1 8"; do i=$((i + 1)); set -- $v
     GRAPHRUNNER_ATTN_DECODE_PREP=$1 GRAPHRUNNER_ATTN_WARPS=$2 lat "prep$1_warps$2_$i"
   done
+  ;;
+tc32)
+  # the thirty-second session's critical path charges gate-up with its activation 7.5 us a layer at batch 8 (96
+  # programs of 64 rows on 132 SMs, one a SM) and qkv 4.0 (64 programs, 160 KB shared each): tables whose
+  # tensor-core rows (2-8 tokens) use more, smaller programs, timed in the step (L2 at batch 8) in turns with the
+  # shipped table; the late PDL trigger (default from 5 tokens) is what they run under
+  model
+  python3 - <<'PY'
+import json
+base = json.load(open("graphrunner/models/gemv_configs.json"))
+variants = {"gu32": {(6144, 1024): dict(block_n=32, block_k=256, num_stages=3)},
+            "gu64k128": {(6144, 1024): dict(block_n=64, block_k=128, num_stages=4)},
+            "qkv32": {(4096, 1024): dict(block_n=32, block_k=256, num_stages=3)},
+            "both32": {(6144, 1024): dict(block_n=32, block_k=256, num_stages=3),
+                       (4096, 1024): dict(block_n=32, block_k=256, num_stages=3)}}
+for name, changes in variants.items():
+    rows = json.loads(json.dumps(base))
+    for r in rows:
+        for c in r["configs"]:
+            if (r["N"], r["K"]) in changes and c["use_dot"]:
+                c.update(changes[(r["N"], r["K"])])
+    json.dump(rows, open(f"/tmp/gemv_{name}.json", "w"))
+PY
+  for round in 1 2; do
+    for t in shipped gu32 gu64k128 qkv32 both32; do
+      if [ $t = shipped ]; then unset GRAPHRUNNER_GEMV_CONFIGS; else export GRAPHRUNNER_GEMV_CONFIGS=/tmp/gemv_$t.json; fi
+      l2b8 "$t"
+    done
+  done
+  unset GRAPHRUNNER_GEMV_CONFIGS
   ;;
 l2-17)
   # the twenty-eighth session's tensor-core rows (qkv 4096 x 2048 and gate_up 12288 x 2048 up to M = 8, chosen on a
