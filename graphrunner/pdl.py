@@ -1,5 +1,5 @@
 """Programmatic dependent launch (PDL, Hopper and later) for the decode step's own Triton kernels: a kernel
-launched with it may start while the kernel before it in the stream finishes, and waits (`pdl_wait`) before it
+launched with it may start while the kernel before it in the stream finishes, and waits (`pdl_enter`) before it
 touches anything that kernel wrote. On by default on Hopper and later (measured on the H200: docs/DECISIONS.md);
 GRAPHRUNNER_PDL=0 turns it off.
 """
@@ -58,15 +58,7 @@ def use_pdl(device: torch.device) -> bool:
     return _capable(device.index if device.index is not None else torch.cuda.current_device())
 
 
-if interpreted():  # one program at a time, no grids to overlap: both are no-ops (Triton's interpreter lacks them)
-
-    @triton.jit
-    def pdl_wait():
-        pass
-
-    @triton.jit
-    def pdl_launch_dependents():
-        pass
+if interpreted():  # one program at a time, no grids to overlap: a no-op (Triton's interpreter lacks the calls)
 
     @triton.jit
     def pdl_enter(MODE: tl.constexpr):
@@ -75,22 +67,14 @@ if interpreted():  # one program at a time, no grids to overlap: both are no-ops
 else:
 
     @triton.jit
-    def pdl_wait():
-        # every write of the kernel before this one (and, through its own wait, of all earlier ones) is visible
-        # after this. Before it a kernel may read only constants (weights) and what non-PDL kernels wrote (prepare's
-        # step inputs, the rope table lookup): a PDL kernel starts once the kernel before it triggers, and a non-PDL
-        # kernel triggers only by ending, so every non-PDL kernel earlier in the stream has ended. Every program
-        # waits, so that a kernel never ends before the one it follows.
-        tl.extra.cuda.gdc_wait()
-
-    @triton.jit
-    def pdl_launch_dependents():
-        # the next kernel, if launched with PDL, may be scheduled once every program of this one has passed here
-        tl.extra.cuda.gdc_launch_dependents()
-
-    @triton.jit
     def pdl_enter(MODE: tl.constexpr):
-        # a PDL kernel's entry (MODE from pdl_mode): let the next kernel be scheduled, and wait for the one before
+        # A PDL kernel's entry (MODE from pdl_mode). launch_dependents: the next kernel, if launched with PDL, may be
+        # scheduled once every program of this one has passed it. wait: every write of the kernel before this one
+        # (and, through its own wait, of all earlier ones) is visible after it. Before the wait a kernel may read
+        # only constants (weights) and what non-PDL kernels wrote (prepare's step inputs, the rope table lookup): a
+        # PDL kernel starts once the kernel before it triggers, and a non-PDL kernel triggers only by ending, so
+        # every non-PDL kernel earlier in the stream has ended. Every program waits, so that a kernel never ends
+        # before the one it follows.
         if MODE == 2:
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
