@@ -1126,8 +1126,8 @@ prep32)
     > "$R/pytest_prep.log" 2>&1
   echo "pytest rc=$?" >> "$R/pytest_prep.log"
   wait
-  i=0; for v in "0 0" "1 0" "1 8" "0 0" "1 0" "1 8"; do i=$((i + 1)); set -- $v
-    GRAPHRUNNER_ATTN_DECODE_PREP=$1 GRAPHRUNNER_ATTN_WARPS=$2 lat "prep$1_warps$2_$i"
+  i=0; for v in 0:0 1:0 1:8 0:0 1:0 1:8; do i=$((i + 1)); p=${v%:*}; w=${v#*:}  # (fold, warps; 0 = the rule: 4)
+    GRAPHRUNNER_ATTN_DECODE_PREP=$p GRAPHRUNNER_ATTN_WARPS=$w lat "prep${p}_warps${w}_$i"
   done
   ;;
 tc32)
