@@ -146,3 +146,30 @@ def test_engine_tokens_equal_with_pdl(tmp_path: Path, monkeypatch: pytest.Monkey
                         if m <= 4 else None)
     tokens = greedy_tokens_off_and_on(monkeypatch, pdl, "ENABLED", model_dir, prompts, 24, **kwargs)
     assert tokens[0] == tokens[1]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _PDL_CAPABLE, reason="PDL needs compute capability 9.0 or more")
+@pytest.mark.parametrize("mode", ["graphs", "eager"])
+def test_engine_tokens_equal_with_late_trigger(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
+    """Every kernel triggering early (LATE_FROM 0) and late (1) give the same greedy tokens, with the tensor-core GEMV
+    forced at 1-8 tokens: the gate-up kernel with its activation, and o / down handing their split-K partials to the
+    add + norm, all take PDL (the kernels test_engine_tokens_equal_with_pdl's row loop leaves out)."""
+    model_dir = make_tiny_model(tmp_path, "Qwen3ForCausalLM")
+    prompts = [[5, 6, 7, 8, 9, 10, 11], [100, 7, 8, 9, 10] * 40, [3], [9, 8, 7], [42] * 20, [11, 12]]
+    kwargs = {"dtype": "bfloat16", "max_model_len": 512, "device": "cuda", "enforce_eager": mode == "eager",
+              "attention_backend": "triton"}
+    monkeypatch.setattr(gemv, "serves", lambda _n, _k: True)
+    # one K split where N > K (gate-up, which the fused activation needs whole), two elsewhere (o, down: partials)
+    monkeypatch.setattr(gemv, "config_for", lambda m, n, k, device=None: GemvConfig(
+        32, 64, 1 if n > k else 2, max_m=8, use_dot=True, swap_ab=True) if m <= 8 else None)
+    from graphrunner import LLM, SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    tokens = []
+    for late_from in (0, 1):
+        monkeypatch.setattr(pdl, "LATE_FROM", late_from)
+        llm = LLM(model=model_dir, **kwargs)
+        tokens.append([list(o.outputs[0].token_ids) for o in llm.generate(prompts, params)])
+        del llm
+    assert tokens[0] == tokens[1]
