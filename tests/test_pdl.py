@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_models import QKV_PREP_HEADS, greedy_tokens_off_and_on, make_tiny_model, qkv_prep_case
+from tiny_models import greedy_tokens_off_and_on, make_tiny_model
 
 from graphrunner import pdl
 from graphrunner.attention import triton_attention
@@ -23,6 +23,22 @@ from graphrunner.models.gemv import GemvConfig, gemv_triton
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 _PDL_CAPABLE = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9
+
+
+QKV_PREP_HEADS = (6, 3, 20)  # (Hq, Hkv, D) of qkv_prep_case: GQA group 2, a head dim not a power of two
+
+
+def qkv_prep_case(device: str) -> tuple[torch.Tensor, ...]:
+    """Inputs of the q/k prologue (models.qkv_prep) for 5 tokens at QKV_PREP_HEADS, one slot -1 (padding): qkv
+    [5, (Hq + 2 Hkv) D], cos and sin [5, 1, D/2], q and k norm weights [D], slots [5]; a cache [2, 7, 4, Hkv, D]
+    holds every slot."""
+    hq, hkv, d = QKV_PREP_HEADS
+    g = torch.Generator().manual_seed(3)
+    qkv = torch.randn(5, (hq + 2 * hkv) * d, generator=g).to(device)
+    angles = torch.rand(5, 1, d // 2, generator=g) * 6.3
+    qn, kn = ((torch.rand(d, generator=g) + 0.5).to(device) for _ in range(2))
+    slots = torch.tensor([4, -1, 9, 17, 22], device=device)
+    return qkv, angles.cos().to(device), angles.sin().to(device), qn, kn, slots
 
 
 def _force_pdl(monkeypatch: pytest.MonkeyPatch, on: bool) -> None:

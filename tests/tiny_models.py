@@ -192,19 +192,3 @@ def attention_with_switch(switch: str, monkeypatch: Any, on: bool, query: torch.
     monkeypatch.setattr(triton_attention, switch, on)
     return triton_attention.unified_attention(query, cache, meta, query.shape[-1] ** -0.5, sliding_window=window,
                                               num_splits=num_splits, out=torch.empty_like(query))
-
-
-QKV_PREP_HEADS = (6, 3, 20)  # (Hq, Hkv, D) of qkv_prep_case: GQA group 2, a head dim not a power of two
-
-
-def qkv_prep_case(device: str) -> tuple[torch.Tensor, ...]:
-    """Inputs of the q/k prologue (models.qkv_prep) for 5 tokens at QKV_PREP_HEADS, one slot -1 (padding): qkv
-    [5, (Hq + 2 Hkv) D], cos and sin [5, 1, D/2], q and k norm weights [D], slots [5]; a cache [2, 7, 4, Hkv, D]
-    holds every slot."""
-    hq, hkv, d = QKV_PREP_HEADS
-    g = torch.Generator().manual_seed(3)
-    qkv = torch.randn(5, (hq + 2 * hkv) * d, generator=g).to(device)
-    angles = torch.rand(5, 1, d // 2, generator=g) * 6.3
-    qn, kn = ((torch.rand(d, generator=g) + 0.5).to(device) for _ in range(2))
-    slots = torch.tensor([4, -1, 9, 17, 22], device=device)
-    return qkv, angles.cos().to(device), angles.sin().to(device), qn, kn, slots

@@ -31,22 +31,36 @@ class DecodePrep:
     slot_mapping: torch.Tensor    # [T] int64, -1 = padding (no cache write)
 
     def __post_init__(self) -> None:
-        if (self.q_norm is None) != (self.k_norm is None):
-            raise ValueError("q_norm and k_norm come together (both or neither)")
-        if self.qkv.stride(1) != 1 or self.cos.stride(2) != 1 or self.sin.stride(2) != 1:
-            raise ValueError("qkv, cos and sin need a unit stride in their last dimension")
+        check_projection_layout(self.qkv, self.cos, self.sin, self.q_norm, self.k_norm)
 
     def check(self, num_tokens: int, num_heads: int, num_kv_heads: int, head_dim: int) -> None:
         """ValueError naming the first tensor that does not fit a step of num_tokens with these heads."""
-        width = (num_heads + 2 * num_kv_heads) * head_dim
-        if head_dim % 2 or tuple(self.qkv.shape) != (num_tokens, width):
-            raise ValueError(f"qkv {tuple(self.qkv.shape)} must be [{num_tokens}, {width}] ({num_heads} q + 2 x "
-                             f"{num_kv_heads} kv heads of even dim {head_dim})")
-        if self.cos.shape != (num_tokens, 1, head_dim // 2) or self.sin.shape != self.cos.shape:
-            raise ValueError(f"cos/sin must be [{num_tokens}, 1, {head_dim // 2}], got {tuple(self.cos.shape)} / "
-                             f"{tuple(self.sin.shape)}")
+        if self.qkv.shape[0] != num_tokens:
+            raise ValueError(f"qkv holds {self.qkv.shape[0]} tokens, the step {num_tokens}")
+        check_projection_shapes(self.qkv, self.cos, self.sin, num_heads, num_kv_heads, head_dim)
         if self.slot_mapping.shape[0] < num_tokens:
             raise ValueError(f"slot_mapping holds {self.slot_mapping.shape[0]} slots for {num_tokens} tokens")
+
+
+def check_projection_layout(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_norm: torch.Tensor | None,
+                            k_norm: torch.Tensor | None) -> None:
+    """The attention prologue's inputs (this module's and models/qkv_prep.py's kernel): norms both or neither, unit
+    strides where the kernels read rows."""
+    if (q_norm is None) != (k_norm is None):
+        raise ValueError("q_norm and k_norm come together (both or neither)")
+    if qkv.stride(1) != 1 or cos.stride(2) != 1 or sin.stride(2) != 1:
+        raise ValueError("qkv, cos and sin need a unit stride in their last dimension")
+
+
+def check_projection_shapes(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_heads: int,
+                            num_kv_heads: int, head_dim: int) -> None:
+    """qkv [T, (Hq + 2 Hkv) D] with D even, cos / sin [T, 1, D/2]; ValueError naming the one that is not."""
+    t, width = qkv.shape[0], (num_heads + 2 * num_kv_heads) * head_dim
+    if head_dim % 2 or qkv.shape[1] != width:
+        raise ValueError(f"qkv {tuple(qkv.shape)} must be [{t}, {width}]: it does not hold {num_heads} q + 2 x "
+                         f"{num_kv_heads} kv heads of even dim {head_dim}")
+    if cos.shape != (t, 1, head_dim // 2) or sin.shape != cos.shape:
+        raise ValueError(f"cos/sin must be [{t}, 1, {head_dim // 2}], got {tuple(cos.shape)} / {tuple(sin.shape)}")
 
 
 @triton.jit

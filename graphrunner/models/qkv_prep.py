@@ -12,7 +12,7 @@ import triton.language as tl
 
 from graphrunner.attention import decode_prep
 from graphrunner.attention.context import get_forward_context
-from graphrunner.attention.decode_prep import DecodePrep
+from graphrunner.attention.decode_prep import DecodePrep, check_projection_layout, check_projection_shapes
 from graphrunner.attention.layer import attend, attend_prepped
 from graphrunner.attention.reference import write_kv_ref
 from graphrunner.env import env_choice
@@ -131,18 +131,11 @@ def qkv_prep_triton(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_n
     check_tensor(qkv, "qkv", (torch.float32, torch.bfloat16, torch.float16), 2, None)
     check_tensor(layer_cache, "layer_cache", qkv.dtype, 5, qkv.device)
     t = qkv.shape[0]
-    if head_dim % 2 or qkv.shape[1] != (num_heads + 2 * num_kv_heads) * head_dim:
-        raise ValueError(f"qkv [T, {qkv.shape[1]}] does not hold {num_heads} q + 2 x {num_kv_heads} kv heads of "
-                         f"even dim {head_dim}")
-    if (q_norm is None) != (k_norm is None):
-        raise ValueError("q_norm and k_norm come together (both or neither)")
+    check_projection_shapes(qkv, cos, sin, num_heads, num_kv_heads, head_dim)
+    check_projection_layout(qkv, cos, sin, q_norm, k_norm)
     _, _, block_size, hkv, dim = layer_cache.shape
     if hkv != num_kv_heads or dim != head_dim:
         raise ValueError(f"layer_cache holds {hkv} KV heads of dim {dim}, expected {num_kv_heads} of {head_dim}")
-    if cos.shape != (t, 1, head_dim // 2) or sin.shape != cos.shape:
-        raise ValueError(f"cos/sin must be [{t}, 1, {head_dim // 2}], got {tuple(cos.shape)} / {tuple(sin.shape)}")
-    if qkv.stride(1) != 1 or cos.stride(2) != 1 or sin.stride(2) != 1:
-        raise ValueError("qkv, cos and sin need a unit stride in their last dimension")
     q_out = torch.empty(t, num_heads * head_dim, dtype=qkv.dtype, device=qkv.device)  # [T, Hq D]
     if t == 0:
         return q_out
