@@ -9,7 +9,6 @@ engine then compiles from the caches as before (capture/compiled.py).
 
 from __future__ import annotations
 
-import hashlib
 import inspect
 import json
 import logging
@@ -25,18 +24,13 @@ from torch import fx, nn
 from torch.utils import _pytree as pytree
 
 from capture.compile_settings import configure_compilers
+from capture.manifest import code_key
 from capture.piecewise import PiecewiseBackend, split_at_attention
 
 logger = logging.getLogger(__name__)
 
 MODEL_FILE = "model.aot"
 KEY_FILE = "model.aot.json"  # {"key": code_key()}: what the artifact was traced from
-# Environment switches that change no traced code (logging, timeouts, host-side knobs); every other GRAPHRUNNER_*
-# variable is part of the key, since Dynamo keeps module-level switches (GRAPHRUNNER_FUSED_ADD_NORM, ...) as
-# constants of the trace without guarding them
-_KEYLESS_ENV = ("GRAPHRUNNER_LOG_LEVEL", "GRAPHRUNNER_TP_TIMEOUT_S", "GRAPHRUNNER_GC_FREEZE", "GRAPHRUNNER_AOT")
-
-
 def available() -> bool:
     """Whether this torch has the AOT-compile API (torch.compile(...).aot_compile and load_compiled_function), and
     GRAPHRUNNER_AOT is not 0."""
@@ -53,25 +47,6 @@ def _serializable_base() -> type | None:
         except ImportError:
             return None
     return SerializableCallable
-
-
-def code_key() -> str:
-    """sha256 over what the traced graph was made from beyond the manifest's model, dtype and device: the source of
-    graphrunner, model_states and capture, the GEMV table in use, the GRAPHRUNNER_* switches and torch's version."""
-    import model_states.base
-    from graphrunner.models import gemv
-
-    h = hashlib.sha256(torch.__version__.encode())
-    for root in (Path(gemv.__file__).parents[1], Path(model_states.base.__file__).parent, Path(__file__).parent):
-        for path in sorted(root.rglob("*.py")):
-            h.update(f"{path.relative_to(root.parent)}\0".encode() + path.read_bytes())
-    table = os.environ.get("GRAPHRUNNER_GEMV_CONFIGS") or gemv.TUNED_CONFIGS_FILE
-    if Path(table).is_file():
-        h.update(Path(table).read_bytes())
-    for name in sorted(os.environ):
-        if name.startswith("GRAPHRUNNER_") and name not in _KEYLESS_ENV:
-            h.update(f"{name}={os.environ[name]}\0".encode())
-    return h.hexdigest()
 
 
 def _dumps_graph(obj: Any) -> bytes:

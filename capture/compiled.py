@@ -10,14 +10,17 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
+from capture import saved_graph
 from capture.compile_settings import configure_compilers, configure_dynamo
 from capture.manifest import Manifest
-from capture.piecewise import PiecewiseBackend
+from capture.piecewise import PiecewiseBackend, eager_piece
 from graphrunner.config import PIECEWISE_MODES, EngineConfig
+from graphrunner.opaque import trace_without_fusion
 from model_states.base import ModelState
 
 
@@ -45,9 +48,33 @@ def use_kernel_cache(config: EngineConfig, model_state: ModelState) -> None:
 
 
 def compile_model(model: nn.Module, backend: PiecewiseBackend | None = None) -> nn.Module:
-    """The model behind torch.compile with the piecewise backend (attention stays outside the pieces)."""
+    """The model behind torch.compile with the piecewise backend (attention stays outside the pieces); with eager
+    pieces, traced in every op's eager form (UnfusedTrace)."""
     configure_compilers()
-    return torch.compile(model, backend=backend or PiecewiseBackend(), fullgraph=True, dynamic=True)
+    backend = backend or PiecewiseBackend()
+    compiled = torch.compile(model, backend=backend, fullgraph=True, dynamic=True)
+    return UnfusedTrace(model, compiled) if backend.compile_piece is eager_piece else compiled
+
+
+class UnfusedTrace(nn.Module):
+    """A compiled model whose pieces nothing fuses: each call runs under opaque.trace_without_fusion, so whenever
+    Dynamo traces it (the first call, or a guard's re-trace) the few ops with a PyTorch form for Inductor take
+    their Triton launch instead, as the uncompiled model does. Every other attribute is the model's."""
+
+    def __init__(self, model: nn.Module, compiled: nn.Module) -> None:
+        super().__init__()
+        self._orig_mod = model
+        self._compiled = compiled
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        with trace_without_fusion():
+            return self._compiled(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self._orig_mod, name)
 
 
 def compile_draft(module: nn.Module) -> nn.Module:
@@ -83,29 +110,39 @@ def mixed_graph_sizes(config: EngineConfig, model_state: ModelState) -> list[tup
 def manifest_for(config: EngineConfig, model_state: ModelState) -> Manifest:
     full, buckets = graph_sizes(config, model_state)
     return Manifest.current(config.model_dir, config.dtype, config.device, tuple(buckets), tuple(full),
-                            config.tensor_parallel_size, config.torch_compile)
+                            config.tensor_parallel_size, config.torch_compile,
+                            config.compile_backend if config.torch_compile else "")
 
 
 def prepare_compiled_model(model: nn.Module, config: EngineConfig, model_state: ModelState
-                           ) -> tuple[nn.Module, PiecewiseBackend]:
+                           ) -> tuple[nn.Module, PiecewiseBackend | saved_graph.SavedPieces]:
     """For an engine: with a compile cache, check its manifest against this run and point the caches at it, and
-    load the model's saved compilation from it where there is a fresh one (capture/aot.py); otherwise compile.
-    Returns the compiled model and its backend (which lists the pieces it made)."""
+    load the model's saved compilation from it where there is a fresh one (capture/aot.py; with eager pieces,
+    capture/saved_graph.py, which needs neither Dynamo nor Inductor); otherwise compile.
+    Returns the compiled model and what lists its pieces (a backend, or the saved graph's pieces)."""
     cache_dir = config.compile_cache
+    eager = config.compile_backend == "eager"
     if cache_dir is not None:
-        from capture import aot  # (imports Dynamo: only an engine that compiles pays for it)
-
         use_kernel_cache(config, model_state)
-        use_compile_cache(cache_dir)
-        loaded = aot.load(cache_dir, model, lambda b: compile_model(model, b)) if config.tensor_parallel_size == 1 \
-            else None
-        if loaded is not None:
-            return loaded
-    backend = PiecewiseBackend()
+        if eager and config.tensor_parallel_size == 1:
+            saved = saved_graph.load(cache_dir, model)
+            if saved is not None:
+                return saved
+        elif not eager:
+            from capture import aot  # (imports Dynamo: only an engine that compiles pays for it)
+
+            use_compile_cache(cache_dir)
+            loaded = aot.load(cache_dir, model, lambda b: compile_model(model, b)) \
+                if config.tensor_parallel_size == 1 else None
+            if loaded is not None:
+                return loaded
+    backend = PiecewiseBackend.named(config.compile_backend)
     return compile_model(model, backend), backend
 
 
 def loaded_saved_compilation(model: nn.Module) -> bool:
     """Whether prepare_compiled_model loaded `model`'s saved compilation (capture/aot.py) rather than compiling."""
+    if isinstance(model, saved_graph.SavedGraphModel):
+        return True
     aot = sys.modules.get("capture.aot")  # never imported: nothing was loaded
     return aot is not None and isinstance(model, aot.AOTCompiledModel)

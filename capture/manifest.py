@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,6 +17,10 @@ import torch
 
 MANIFEST_NAME = "manifest.json"
 FORMAT_VERSION = 2  # 2: capture_sizes are the piecewise token buckets, plus full_sizes
+# Environment switches that change no traced code (logging, timeouts, host-side knobs); every other GRAPHRUNNER_*
+# variable is part of the key, since Dynamo keeps module-level switches (GRAPHRUNNER_FUSED_ADD_NORM, ...) as
+# constants of the trace without guarding them
+_KEYLESS_ENV = ("GRAPHRUNNER_LOG_LEVEL", "GRAPHRUNNER_TP_TIMEOUT_S", "GRAPHRUNNER_GC_FREEZE", "GRAPHRUNNER_AOT")
 
 
 def model_hash(model_dir: Path) -> str:
@@ -55,15 +60,16 @@ class Manifest:
     # ranks the model is split over: each rank's compiled pieces have its shard's shapes and its collectives
     tensor_parallel_size: int = 1
     compiled: bool = True  # the model compiled (Inductor's pieces and the saved compilation) or run as it is
+    compile_backend: str = "inductor"  # the compiled model's piece compiler ("inductor", "eager"); "" uncompiled
 
     @classmethod
     def current(cls, model_dir: Path, dtype: torch.dtype, device: torch.device,
                 capture_sizes: tuple[int, ...], full_sizes: tuple[int, ...] = (),
-                tensor_parallel_size: int = 1, compiled: bool = True) -> Manifest:
+                tensor_parallel_size: int = 1, compiled: bool = True, compile_backend: str = "inductor") -> Manifest:
         name, capability = _device_facts(device)
         return cls(FORMAT_VERSION, model_hash(model_dir), str(dtype).removeprefix("torch."), torch.__version__,
                    _triton_version(), name, capability, tuple(capture_sizes), tuple(full_sizes),
-                   tensor_parallel_size, compiled)
+                   tensor_parallel_size, compiled, compile_backend if compiled else "")
 
     def save(self, out_dir: Path) -> None:
         (out_dir / MANIFEST_NAME).write_text(json.dumps(dataclasses.asdict(self), indent=1))
@@ -79,6 +85,7 @@ class Manifest:
             raw["full_sizes"] = tuple(raw.get("full_sizes", ()))
             raw.setdefault("tensor_parallel_size", 1)  # written before tensor parallelism: one rank
             raw.setdefault("compiled", True)  # written before uncompiled engines could be precompiled
+            raw.setdefault("compile_backend", "inductor" if raw["compiled"] else "")  # before eager pieces
             return cls(**raw)
         except (ValueError, TypeError, KeyError) as exc:
             raise ValueError(f"compile cache manifest {path} is unreadable: {exc}") from exc
@@ -90,3 +97,23 @@ class Manifest:
         if diffs:
             raise ValueError(f"compile cache {cache_dir} was built for a different setup; refusing it "
                              f"({'; '.join(diffs)}). Rebuild it with `graphrunner precompile`.")
+
+
+def code_key() -> str:
+    """sha256 over what a saved traced graph (capture/aot.py, capture/saved_graph.py) was made from beyond the
+    manifest's model, dtype and device: the source of graphrunner, model_states and capture, the GEMV table in use,
+    the GRAPHRUNNER_* switches and torch's version."""
+    import model_states.base
+    from graphrunner.models import gemv
+
+    h = hashlib.sha256(torch.__version__.encode())
+    for root in (Path(gemv.__file__).parents[1], Path(model_states.base.__file__).parent, Path(__file__).parent):
+        for path in sorted(root.rglob("*.py")):
+            h.update(f"{path.relative_to(root.parent)}\0".encode() + path.read_bytes())
+    table = os.environ.get("GRAPHRUNNER_GEMV_CONFIGS") or gemv.TUNED_CONFIGS_FILE
+    if Path(table).is_file():
+        h.update(Path(table).read_bytes())
+    for name in sorted(os.environ):
+        if name.startswith("GRAPHRUNNER_") and name not in _KEYLESS_ENV:
+            h.update(f"{name}={os.environ[name]}\0".encode())
+    return h.hexdigest()

@@ -1,5 +1,6 @@
 """The piecewise torch.compile backend: the model's FX graph is split at every attention custom op;
-the pieces between attention calls are compiled by Inductor, attention runs eagerly between them.
+the pieces between attention calls are compiled by Inductor (or, with the "eager" piece compiler, run as traced:
+each graphrunner op node calls its implementation), attention runs eagerly between them.
 
 This is the PIECEWISE mode's compiler half: any mix of prefill and decode can run through the
 compiled pieces because attention, the only step that depends on the batch's layout, stays outside
@@ -21,6 +22,8 @@ from torch.fx.passes.split_module import split_module
 import graphrunner.attention.layer
 import graphrunner.models.qkv_prep  # noqa: F401  (registers torch.ops.graphrunner.paged_attention_qkv)
 from capture.cuda_piece import GraphPiece
+from graphrunner.config import COMPILE_BACKENDS
+from graphrunner.opaque import implementation
 
 SPLIT_OPS = (torch.ops.graphrunner.paged_attention, torch.ops.graphrunner.paged_attention.default,
              torch.ops.graphrunner.paged_attention_qkv, torch.ops.graphrunner.paged_attention_qkv.default)
@@ -66,6 +69,13 @@ class PiecewiseBackend:
     reuse: bool = True  # a piece equal to an earlier one (piece_key) takes its compiled code instead of compiling
     compiled_pieces: int = 0  # distinct compiled callables in the last graph (tests and start-up logs read it)
 
+    @classmethod
+    def named(cls, compiler: str) -> PiecewiseBackend:
+        """The backend whose pieces the named piece compiler (config.COMPILE_BACKENDS) makes."""
+        if compiler not in COMPILE_BACKENDS:
+            raise ValueError(f"piece compiler must be one of {COMPILE_BACKENDS}, got {compiler!r}")
+        return cls(eager_piece if compiler == "eager" else None)
+
     def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
         split, compute, attention = split_at_attention(gm)
         self.pieces, self.attention_pieces = compute, attention
@@ -79,6 +89,9 @@ class PiecewiseBackend:
         compiled: dict[str, Callable[..., Any]] = {}
         with fake_mode:
             _PieceCompiler(split, set(compute), compile_piece, compiled, self.reuse).run(*fake_args)
+        if compile_piece is eager_piece:  # attention too, then (after the fake run): its op without the dispatcher
+            for name in attention:
+                call_implementations(getattr(split, name))
         self.install(split, compute, compiled)
         return split
 
@@ -165,3 +178,21 @@ def _inductor_piece(piece: fx.GraphModule, example_inputs: list[Any]) -> Callabl
     from torch._inductor.compile_fx import compile_fx
 
     return compile_fx(piece, example_inputs)
+
+
+def eager_piece(piece: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+    """The piece as Dynamo traced it, its graphrunner op nodes calling their implementations: no Inductor at
+    compile or load time. The decode step's kernels are ours either way; what Inductor would fuse is traced in
+    its eager form here (opaque.trace_without_fusion)."""
+    return call_implementations(piece)
+
+
+def call_implementations(gm: fx.GraphModule) -> fx.GraphModule:
+    """gm with every graphrunner op node calling the op's implementation (opaque.implementation), recompiled in
+    place: eager calls skip the dispatcher and custom_op's Dynamo guard."""
+    for node in gm.graph.nodes:
+        fn = implementation(node.target) if node.op == "call_function" else None
+        if fn is not None:
+            node.target = fn
+    gm.recompile()
+    return gm

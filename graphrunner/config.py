@@ -282,6 +282,9 @@ class SchedulerConfig:
 
 CUDAGRAPH_MODES = ("full_and_piecewise", "full", "piecewise", "none")
 PIECEWISE_MODES = ("full_and_piecewise", "piecewise")  # (piecewise graphs are graphs of compiled pieces)
+# the compiled model's piece compilers (compilation_config's "backend"): Inductor, or none (the traced pieces as
+# they are; docs/DECISIONS.md, S1)
+COMPILE_BACKENDS = ("inductor", "eager")
 
 
 def check_tensor_parallel(model: ModelConfig, size: int, device: torch.device) -> None:
@@ -331,6 +334,9 @@ class EngineConfig:
     # False: the model runs uncompiled (compilation_config level 0): no Dynamo or Inductor at start-up, the FULL
     # graphs ("full" mode) record its kernels as they are (docs/DECISIONS.md, S1)
     torch_compile: bool = True
+    # the compiled model's piece compiler, one of COMPILE_BACKENDS: "eager" runs the traced pieces as they are (no
+    # Inductor; a warm start from a precompiled directory then loads them without Dynamo: capture/saved_graph.py)
+    compile_backend: str = "inductor"
     # batch sizes of the FULL decode graphs (compilation_config's cudagraph_capture_sizes); None = the model
     # state's default sizes; sizes over max_num_seqs are not captured
     cudagraph_capture_sizes: tuple[int, ...] | None = None
@@ -348,6 +354,8 @@ class EngineConfig:
             raise ValueError(f"logprobs_mode must be 'raw_logprobs' or 'processed_logprobs', got {self.logprobs_mode!r}")
         if self.attention_backend not in ("reference", "triton"):
             raise ValueError(f"attention_backend must be 'reference' or 'triton', got {self.attention_backend!r}")
+        if self.compile_backend not in COMPILE_BACKENDS:
+            raise ValueError(f"compile_backend must be one of {COMPILE_BACKENDS}, got {self.compile_backend!r}")
         if self.cudagraph_mode not in CUDAGRAPH_MODES:
             raise ValueError(f"cudagraph_mode must be one of {CUDAGRAPH_MODES}, got {self.cudagraph_mode!r}")
         sizes = self.cudagraph_capture_sizes

@@ -20,6 +20,7 @@ import torch
 
 from graphrunner.argparse_utils import json_value
 from graphrunner.config import (
+    COMPILE_BACKENDS,
     PIECEWISE_MODES,
     CacheConfig,
     EngineConfig,
@@ -186,22 +187,27 @@ class EngineArgs:
         ]
         return [reason for refused, reason in checks if refused]
 
-    def _compilation(self) -> tuple[bool, str, tuple[int, ...] | None, bool]:
-        """(enforce_eager, cudagraph_mode, cudagraph_capture_sizes, torch_compile) after vLLM's compilation_config: a
-        level / mode number or a dict. Level 0 is vLLM's no compilation: no graphs either, unless a FULL
-        cudagraph_mode asks for graphs of the uncompiled model."""
+    def _compilation(self) -> tuple[bool, str, tuple[int, ...] | None, bool, str]:
+        """(enforce_eager, cudagraph_mode, cudagraph_capture_sizes, torch_compile, compile_backend) after vLLM's
+        compilation_config: a level / mode number or a dict. Level 0 is vLLM's no compilation: no graphs either,
+        unless a FULL cudagraph_mode asks for graphs of the uncompiled model. "backend" is the compiled model's piece
+        compiler, as in vLLM: "inductor" (or "", the default) or "eager"."""
         cc = self.compilation_config
         eager, mode = self.enforce_eager, self.cudagraph_mode
         if cc is None:
-            return eager, mode, None, True
+            return eager, mode, None, True, "inductor"
         if isinstance(cc, int) and not isinstance(cc, bool):
             cc = {"level": cc}
         if not isinstance(cc, dict):
             raise ValueError(f"compilation_config must be a level (0-3) or a dict, got {cc!r}")
-        unknown = sorted(set(cc) - {"level", "mode", "cudagraph_mode", "cudagraph_capture_sizes"})
+        unknown = sorted(set(cc) - {"level", "mode", "cudagraph_mode", "cudagraph_capture_sizes", "backend"})
         if unknown:
             raise ValueError(f"compilation_config keys {unknown} are not supported; known: level, mode, "
-                             f"cudagraph_mode, cudagraph_capture_sizes")
+                             f"cudagraph_mode, cudagraph_capture_sizes, backend")
+        backend = cc.get("backend") or "inductor"
+        if backend not in COMPILE_BACKENDS:
+            raise ValueError(f"compilation_config backend {cc['backend']!r}: expected one of {list(COMPILE_BACKENDS)} "
+                             f"(the compiled model's piece compiler)")
         if "cudagraph_mode" in cc:
             name = str(cc["cudagraph_mode"]).upper()
             if name not in _CUDAGRAPH_MODES:
@@ -219,7 +225,10 @@ class EngineArgs:
                                  f"{cc['cudagraph_mode']!r}: piecewise graphs are of compiled pieces; use FULL or NONE")
             if level == 0 and mode != "full":
                 eager = True  # vLLM's level 0: no compilation and, unless FULL graphs are asked for, no graphs
-        return eager, mode, _capture_sizes(cc.get("cudagraph_capture_sizes")), compiled
+            if level == 0 and cc.get("backend"):
+                raise ValueError(f"compilation_config level 0 (no compilation) with backend {cc['backend']!r}: the "
+                                 f"backend compiles the model's pieces; drop one of the two")
+        return eager, mode, _capture_sizes(cc.get("cudagraph_capture_sizes")), compiled, backend
 
     def create_engine_config(self) -> EngineConfig:
         refusals = self._refusals()
@@ -238,7 +247,7 @@ class EngineArgs:
         batched = self.max_num_batched_tokens
         if batched is None:
             batched = 8192 if chunked else max(8192, max_len)
-        eager, graph_mode, capture_sizes, compiled = self._compilation()
+        eager, graph_mode, capture_sizes, compiled, compile_backend = self._compilation()
         if not isinstance(self.max_logprobs, int) or self.max_logprobs < 0:
             raise ValueError(f"max_logprobs must be an integer >= 0, got {self.max_logprobs!r}")
         return EngineConfig(
@@ -258,6 +267,7 @@ class EngineArgs:
             compile_cache=Path(self.compile_cache) if self.compile_cache is not None else None,
             cudagraph_mode=graph_mode,
             torch_compile=compiled,
+            compile_backend=compile_backend,
             cudagraph_capture_sizes=capture_sizes,
             max_logprobs=self.max_logprobs,
             generation_config=self.generation_config,

@@ -25,14 +25,24 @@ from graphrunner.worker import build_model_state
 WARMUP_TOKEN_COUNTS = (1, 3, 4, 16, 17, 64)
 
 
-def save_aot(engine: Engine, out_dir: Path) -> None:
-    """The engine's compiled model saved whole (capture/aot.py), traced at the first step's shape: warm starts then
-    load it instead of tracing. Tensor-parallel ranks (in other processes) trace as before."""
-    from capture import aot  # (imports Dynamo)
-
+def save_compilation(engine: Engine, out_dir: Path) -> None:
+    """The engine's compiled model saved whole, traced at the first step's shape: warm starts then load it instead
+    of tracing (capture/aot.py; with eager pieces capture/saved_graph.py, loaded without Dynamo). Tensor-parallel
+    ranks (in other processes) trace as before."""
     runner = engine.runner
     t = min(engine.config.scheduler.max_num_batched_tokens, engine.config.scheduler.max_model_len)
     model = getattr(runner.model, "_orig_mod", runner.model)
+    if engine.config.compile_backend == "eager":
+        from capture import saved_graph
+
+        (out_dir / saved_graph.GRAPH_FILE).unlink(missing_ok=True)
+        with runner.first_step_inputs(t) as args:
+            saved_graph.save(model, args, out_dir)
+        return
+    from capture import aot  # (imports Dynamo)
+
+    if not aot.available():
+        return
     (out_dir / aot.MODEL_FILE).unlink(missing_ok=True)
     with runner.first_step_inputs(t) as args:
         aot.save(model, args, out_dir)
@@ -66,10 +76,7 @@ def precompile(config: EngineConfig, out_dir: Path) -> float:
             while engine.has_unfinished():
                 engine.step()
         if config.torch_compile and config.tensor_parallel_size == 1:
-            from capture import aot
-
-            if aot.available():
-                save_aot(engine, out_dir)
+            save_compilation(engine, out_dir)
     except BaseException:
         (out_dir / MANIFEST_NAME).unlink(missing_ok=True)  # a half-built cache must not look valid
         raise

@@ -30,9 +30,10 @@ def test_dotted_json_fields_build_one_dict() -> None:
     args = _parse(["--compilation-config.cudagraph_mode", "PIECEWISE", "--compilation-config.level=3",
                    "--max-model-len", "32"])
     assert args.compilation_config == {"cudagraph_mode": "PIECEWISE", "level": 3} and args.max_model_len == 32
-    assert args._compilation() == (False, "piecewise", None, True)
-    args = _parse(["--compilation-config.cudagraph_capture_sizes", "[1, 2, 4]", "--compilation-config.level=3"])
-    assert args._compilation() == (False, "full_and_piecewise", (1, 2, 4), True)
+    assert args._compilation() == (False, "piecewise", None, True, "inductor")
+    args = _parse(["--compilation-config.cudagraph_capture_sizes", "[1, 2, 4]", "--compilation-config.level=3",
+                   "--compilation-config.backend", "eager"])
+    assert args._compilation() == (False, "full_and_piecewise", (1, 2, 4), True, "eager")
 
 
 def test_config_file_then_command_line_wins(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ from torch import nn
 
 from graphrunner.env import env_choice
 from graphrunner.kernel_checks import check_tensor, interpreted
-from graphrunner.opaque import opaque_op
+from graphrunner.opaque import fusing_trace, opaque_op
 from graphrunner.pdl import pdl_enter, pdl_mode, use_pdl
 
 # GRAPHRUNNER_FUSED_ADD_NORM=1: the decoder's residual adds and the norms after them run as graphrunner::add_rms_norm
@@ -81,13 +81,21 @@ def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.
 
 
 def rms_norm_any(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """rms_norm of x [..., D]: one Triton launch for an eager CUDA call on x [T, D] (an uncompiled engine's norms
-    would otherwise be eight PyTorch kernels); the PyTorch form while torch.compile traces (Inductor fuses it with
-    its neighbours), on CPU and under Triton's interpreter."""
+    """rms_norm of x [..., D]: one Triton launch for a CUDA call on x [T, D] (an uncompiled engine's norms would
+    otherwise be eight PyTorch kernels; traced for the eager piece compiler: the op graphrunner::rms_norm); the
+    PyTorch form while traced for Inductor (which fuses it with its neighbours), on CPU and under Triton's
+    interpreter."""
     if (x.device.type == "cuda" and x.dim() == 2 and x.stride(1) == 1 and weight.dtype == x.dtype
-            and not torch.compiler.is_compiling() and not interpreted()):
+            and not fusing_trace() and not interpreted()):
+        if torch.compiler.is_compiling():
+            return torch.ops.graphrunner.rms_norm(x, weight, eps)
         return rms_norm_triton(x, weight, eps)
     return rms_norm(x, weight, eps)
+
+
+@opaque_op("rms_norm", rms_norm_triton).register_fake
+def _(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return torch.empty_like(x)
 
 
 def add_rms_norm_ref(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,

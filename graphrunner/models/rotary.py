@@ -2,7 +2,9 @@
 
 Frequencies: 'default' and Llama-3 ('llama3') scaling, computed exactly as transformers does, so
 fp32 results match HF bit for bit. The cache is a non-persistent buffer; call `reset_buffers()`
-after materialising a module built on the meta device (the loader does this).
+after materialising a module built on the meta device (the loader does this). On CUDA the lookup is one
+Triton launch (`rope_cos_sin_triton`, next to its reference), except in a trace for Inductor, which fuses the
+reference's gathers and casts itself.
 """
 
 from __future__ import annotations
@@ -10,9 +12,13 @@ from __future__ import annotations
 import math
 
 import torch
+import triton
+import triton.language as tl
 from torch import nn
 
 from graphrunner.config import RopeConfig
+from graphrunner.kernel_checks import check_tensor, interpreted
+from graphrunner.opaque import fusing_trace, opaque_op
 
 
 def rope_inv_freq(head_dim: int, rope: RopeConfig, device: torch.device | None = None) -> torch.Tensor:
@@ -48,7 +54,6 @@ class RotaryEmbedding(nn.Module):
         half = head_dim // 2
         self.register_buffer("cos_cache", torch.empty(max_positions, half), persistent=False)  # [P, D/2] f32
         self.register_buffer("sin_cache", torch.empty(max_positions, half), persistent=False)  # [P, D/2] f32
-        self._tables: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
         if self.cos_cache.device.type != "meta":
             self.reset_buffers()
 
@@ -61,30 +66,19 @@ class RotaryEmbedding(nn.Module):
         freqs = pos[:, None] * inv_freq[None, :]  # [P, D/2] float32, same product as HF
         self.cos_cache = freqs.cos()
         self.sin_cache = freqs.sin()
-        self._tables: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}  # _cast_table's, by dtype and device
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """positions [T] int64 -> (cos, sin) each [T, 1, D/2] in `dtype` (HF casts cos/sin to x.dtype)."""
-        table = None if torch.compiler.is_compiling() else self._cast_table(dtype)
-        if table is None:  # traced: Inductor fuses the two gathers and casts into one kernel
-            cos = self.cos_cache.index_select(0, positions).to(dtype)
-            sin = self.sin_cache.index_select(0, positions).to(dtype)
-            return cos.unsqueeze(1), sin.unsqueeze(1)
-        # eager (an uncompiled engine): one gather from the table cast beforehand, which is bit-equal, since a cast
-        # of each element commutes with the gather
-        both = table.index_select(0, positions).unsqueeze(1)  # [T, 1, D] cos | sin
-        half = self.head_dim // 2
-        return both[..., :half], both[..., half:]
-
-    def _cast_table(self, dtype: torch.dtype) -> torch.Tensor | None:
-        """[P, D] cos | sin in `dtype` on the cache's device, built on first use; None while a CUDA graph is being
-        captured and it is not built yet (an allocation there would live in the graph's memory pool)."""
-        device = self.cos_cache.device
-        table = self._tables.get((dtype, device))
-        if table is None and not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
-            table = torch.cat((self.cos_cache, self.sin_cache), dim=-1).to(dtype)
-            self._tables[(dtype, device)] = table
-        return table
+        if positions.device.type == "cuda" and not fusing_trace() and not interpreted():
+            both = (torch.ops.graphrunner.rope_cos_sin(self.cos_cache, self.sin_cache, positions, dtype)
+                    if torch.compiler.is_compiling() else rope_cos_sin_triton(self.cos_cache, self.sin_cache,
+                                                                              positions, dtype))  # [T, D]
+            half = self.head_dim // 2
+            return both[:, None, :half], both[:, None, half:]
+        # traced for Inductor (which fuses the two gathers and casts into one kernel), CPU, Triton's interpreter
+        cos = self.cos_cache.index_select(0, positions).to(dtype)
+        sin = self.sin_cache.index_select(0, positions).to(dtype)
+        return cos.unsqueeze(1), sin.unsqueeze(1)
 
     def extra_repr(self) -> str:
         return f"head_dim={self.head_dim}, max_positions={self.max_positions}, rope={self.rope}"
@@ -95,3 +89,48 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half], x[..., half:]
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+def rope_cos_sin_ref(cos_cache: torch.Tensor, sin_cache: torch.Tensor, positions: torch.Tensor,
+                     dtype: torch.dtype) -> torch.Tensor:
+    """PyTorch reference: cos | sin rows of the positions [T] int64 from the float32 tables [P, D/2], cast to dtype
+    (one cast per element, as HF casts cos/sin): [T, D]."""
+    return torch.cat((cos_cache.index_select(0, positions), sin_cache.index_select(0, positions)), dim=-1).to(dtype)
+
+
+@triton.jit
+def _rope_cos_sin_kernel(cos_ptr, sin_ptr, pos_ptr, out_ptr, HALF, BLOCK: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    pos = tl.load(pos_ptr + t)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < HALF
+    cos = tl.load(cos_ptr + pos * HALF + offs, mask=mask)
+    sin = tl.load(sin_ptr + pos * HALF + offs, mask=mask)
+    row = out_ptr + t * 2 * HALF
+    tl.store(row + offs, cos.to(out_ptr.dtype.element_ty), mask=mask)  # round to nearest even, as .to(dtype)
+    tl.store(row + HALF + offs, sin.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def rope_cos_sin_triton(cos_cache: torch.Tensor, sin_cache: torch.Tensor, positions: torch.Tensor,
+                        dtype: torch.dtype) -> torch.Tensor:
+    """rope_cos_sin_ref in one launch, a program per token (contiguous tables; positions must be below P, as the
+    engine's are: the kernel does not check them)."""
+    check_tensor(cos_cache, "cos_cache", torch.float32, 2, None)
+    check_tensor(sin_cache, "sin_cache", torch.float32, 2, cos_cache.device)
+    check_tensor(positions, "positions", torch.int64, 1, cos_cache.device)
+    if sin_cache.shape != cos_cache.shape or not (cos_cache.is_contiguous() and sin_cache.is_contiguous()):
+        raise ValueError(f"cos_cache {tuple(cos_cache.shape)} and sin_cache {tuple(sin_cache.shape)} must be "
+                         f"contiguous tables of one shape")
+    if dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise ValueError(f"rope_cos_sin: dtype must be float32, bfloat16 or float16, got {dtype}")
+    half = cos_cache.shape[1]
+    out = torch.empty(positions.shape[0], 2 * half, dtype=dtype, device=cos_cache.device)
+    if out.numel():
+        _rope_cos_sin_kernel[(positions.shape[0],)](cos_cache, sin_cache, positions, out, half,
+                                                    BLOCK=triton.next_power_of_2(half), num_warps=1)
+    return out
+
+
+@opaque_op("rope_cos_sin", rope_cos_sin_triton).register_fake
+def _(cos_cache: torch.Tensor, sin_cache: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return cos_cache.new_empty(positions.shape[0], 2 * cos_cache.shape[1], dtype=dtype)
