@@ -71,9 +71,10 @@ def _target_name(target: Any) -> str:
         return target.name() if isinstance(target, torch._ops.OpOverload) else target._qualified_op_name
     try:
         name = fx.node._get_qualified_name(target)
-    except Exception as exc:  # noqa: BLE001 - anything it cannot name, this format cannot either
-        raise Unsaveable(f"target {target!r}: {exc}") from None
-    if _resolve(name) is not target:
+        resolved = _resolve(name)
+    except Exception:  # noqa: BLE001 - anything it cannot name and find again, this format cannot hold
+        resolved = name = None
+    if name is None or resolved is not target:
         raise Unsaveable(f"target {target!r} does not resolve back from {name!r}")
     return name
 

@@ -1,5 +1,5 @@
-"""CUDA graphs on the GPU (`-m gpu`): eager, PIECEWISE and FULL execution, and FULL graphs of the uncompiled model
-(compilation level 0), give identical greedy tokens for awkward batch sizes (padded up to captured sizes), for mixed
+"""CUDA graphs on the GPU (`-m gpu`): eager, PIECEWISE and FULL execution, FULL graphs of the uncompiled model
+(compilation level 0) and the default graphs of eager pieces (compilation_config backend "eager") give identical greedy tokens for awkward batch sizes (padded up to captured sizes), for mixed
 prefill/decode steps and for seeded and filtered sampling; padded rows of a FULL replay write no KV; the step loop
 with graphs never synchronises with the host.
 
@@ -23,7 +23,8 @@ pytestmark = pytest.mark.gpu
 BATCH_SIZES = [1, 7, 16, 25, 33, 45, 64, 123]
 NEW_TOKENS = 10
 MODES = {"eager": {"enforce_eager": True}, "piecewise": {"cudagraph_mode": "piecewise"}, "full": {},
-         "uncompiled": {"compilation_config": {"level": 0, "cudagraph_mode": "FULL"}}}
+         "uncompiled": {"compilation_config": {"level": 0, "cudagraph_mode": "FULL"}},
+         "eager_pieces": {"compilation_config": {"backend": "eager"}}}  # FULL + piecewise graphs, no Inductor
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +73,7 @@ def _staggered(llm: LLM) -> dict[str, list[int]]:
 
 def test_modes_dispatch_as_configured(engines: dict[str, LLM]) -> None:
     assert engines["eager"].engine.runner.graphs is None
-    for name in ("piecewise", "full"):
+    for name in ("piecewise", "full", "eager_pieces"):
         manager = engines[name].engine.runner.graphs
         assert manager is not None and manager.num_graphs > 0 and manager.pool_bytes > 0, name
     assert not engines["piecewise"].engine.runner.graphs.full_keys()
@@ -80,6 +81,10 @@ def test_modes_dispatch_as_configured(engines: dict[str, LLM]) -> None:
     assert not uncompiled.graphs.token_sizes and uncompiled.graphs.pieces is None  # FULL graphs only
     assert uncompiled.graphs.full_keys() == engines["full"].engine.runner.graphs.full_keys()
     assert type(uncompiled.model).__name__ != "OptimizedModule" and not engines["uncompiled"].config.torch_compile
+    pieces = engines["eager_pieces"].engine.runner.graphs  # the same graphs as the default, of uncompiled pieces
+    assert type(engines["eager_pieces"].engine.runner.model).__name__ == "UnfusedTrace"
+    assert pieces.full_keys() == engines["full"].engine.runner.graphs.full_keys()
+    assert pieces.token_sizes == engines["full"].engine.runner.graphs.token_sizes
 
 
 @pytest.mark.parametrize("batch", BATCH_SIZES)
@@ -91,7 +96,7 @@ def test_eager_piecewise_full_give_identical_tokens(engines: dict[str, LLM], bat
         results[name] = [o.outputs[0].token_ids for o in llm.generate(prompts, _greedy())]
         after = _counts(llm)
         ran = {mode: after.get(mode, 0) - before.get(mode, 0) for mode in StepMode}
-        if name == "full":
+        if name in ("full", "eager_pieces"):
             # decodes run FULL; only a prefill over the largest token bucket (2048) runs without graphs
             assert ran[StepMode.FULL] >= NEW_TOKENS - 2 and ran[StepMode.EAGER] <= 1, ran
         if name == "uncompiled":  # decodes run FULL, prefills without graphs
@@ -101,13 +106,14 @@ def test_eager_piecewise_full_give_identical_tokens(engines: dict[str, LLM], bat
     assert results["piecewise"] == results["eager"]
     assert results["full"] == results["eager"]
     assert results["uncompiled"] == results["eager"]
-    for name in ("piecewise", "full"):
+    assert results["eager_pieces"] == results["eager"]
+    for name in ("piecewise", "full", "eager_pieces"):
         pieces = engines[name].engine.runner.graphs.pieces
         assert not any(p.moved_input_calls or p.uncaptured_calls for p in pieces), name
 
 
 def test_mixed_prefill_and_decode_steps_identical(engines: dict[str, LLM]) -> None:
-    mixed_before = {n: engines[n].engine.runner.graphs.mixed_steps for n in ("full", "uncompiled")}
+    mixed_before = {n: engines[n].engine.runner.graphs.mixed_steps for n in ("full", "uncompiled", "eager_pieces")}
     results = {name: _staggered(llm) for name, llm in engines.items()}
     for n, before in mixed_before.items():  # small prefill steps: mixed FULL graphs
         assert engines[n].engine.runner.graphs.mixed_steps > before, n
@@ -115,6 +121,7 @@ def test_mixed_prefill_and_decode_steps_identical(engines: dict[str, LLM]) -> No
     assert results["piecewise"] == results["eager"]
     assert results["full"] == results["eager"]
     assert results["uncompiled"] == results["eager"]
+    assert results["eager_pieces"] == results["eager"]
 
 
 def test_seeded_and_filtered_sampling_identical_across_modes(engines: dict[str, LLM]) -> None:
@@ -132,7 +139,7 @@ def test_seeded_and_filtered_sampling_identical_across_modes(engines: dict[str, 
         middle = _counts(llm)
         outs = llm.generate(prompts, filtered)
         after = _counts(llm)
-        if name in ("full", "uncompiled"):
+        if name in ("full", "uncompiled", "eager_pieces"):
             assert middle.get(StepMode.FULL, 0) - before.get(StepMode.FULL, 0) >= NEW_TOKENS - 2
             assert after.get(StepMode.FULL, 0) == middle.get(StepMode.FULL, 0)  # filtered batches never run FULL
         results[name] = (tokens, [o.outputs[0].token_ids for o in outs],
@@ -140,6 +147,7 @@ def test_seeded_and_filtered_sampling_identical_across_modes(engines: dict[str, 
     assert results["piecewise"] == results["eager"]
     assert results["full"] == results["eager"]
     assert results["uncompiled"] == results["eager"]
+    assert results["eager_pieces"] == results["eager"]
 
 
 def test_penalised_batches_run_full_and_match_every_mode(engines: dict[str, LLM]) -> None:
@@ -155,11 +163,12 @@ def test_penalised_batches_run_full_and_match_every_mode(engines: dict[str, LLM]
     for name, llm in engines.items():
         before = _counts(llm)
         results[name] = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
-        if name in ("full", "uncompiled"):
+        if name in ("full", "uncompiled", "eager_pieces"):
             assert _counts(llm).get(StepMode.FULL, 0) - before.get(StepMode.FULL, 0) >= 3 * NEW_TOKENS - 2
     assert results["piecewise"] == results["eager"]
     assert results["full"] == results["eager"]
     assert results["uncompiled"] == results["eager"]
+    assert results["eager_pieces"] == results["eager"]
     plain = [SamplingParams(temperature=p.temperature, seed=p.seed, max_tokens=p.max_tokens, ignore_eos=True)
              for p in params]
     assert [o.outputs[0].token_ids for o in engines["eager"].generate(prompts, plain)] != results["eager"]
@@ -180,7 +189,7 @@ def test_padded_rows_write_no_kv(model_dir: Path) -> None:
     assert 0 not in blocks and len(blocks) == 7, sorted(blocks)
 
 
-@pytest.mark.parametrize("mode", ["full", "uncompiled"])
+@pytest.mark.parametrize("mode", ["full", "uncompiled", "eager_pieces"])
 def test_graph_step_loop_never_synchronises(model_dir: Path, mode: str) -> None:
     llm = LLM(model=model_dir, dtype="float32", max_model_len=256, device="cuda", max_num_batched_tokens=48,
               **MODES[mode])
@@ -191,7 +200,8 @@ def test_graph_step_loop_never_synchronises(model_dir: Path, mode: str) -> None:
     assert all(len(o.outputs[0].token_ids) == 16 for o in outs)
     counts = _counts(llm)
     # the compiled engine's other steps replay piecewise graphs; the uncompiled engine's run without graphs
-    assert counts.get(StepMode.FULL, 0) > 0 and (counts.get(StepMode.PIECEWISE, 0) > 0) == (mode == "full"), counts
+    assert counts.get(StepMode.FULL, 0) > 0 and (counts.get(StepMode.PIECEWISE, 0) > 0) == (mode != "uncompiled"), \
+        counts
 
 
 def test_cache_hit_suffix_runs_one_mixed_graph_with_split_kv(tmp_path: Path) -> None:

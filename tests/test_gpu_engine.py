@@ -111,20 +111,23 @@ def test_qwen3_06b_bf16_matches_hf(qwen3_06b_dir: Path, backend: str) -> None:
 
 
 def test_qwen3_06b_bf16_uncompiled_full_graphs_equal_eager(qwen3_06b_dir: Path) -> None:
-    """FULL graphs of the uncompiled model (compilation level 0) replay eager's kernels: bf16 greedy tokens are
-    eager's, bit for bit, with the decodes (and the short prompts' mixed steps) replayed from graphs."""
+    """FULL graphs of the uncompiled model (compilation level 0), and the default graphs of eager pieces
+    (compilation_config backend "eager"), replay eager's kernels: bf16 greedy tokens are eager's, bit for bit, with
+    the decodes (and the short prompts' mixed steps) replayed from graphs."""
     prompts = _prompts()
     params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
     tokens = {}
     for name, kw in (("eager", {"enforce_eager": True}),
-                     ("uncompiled", {"compilation_config": {"level": 0, "cudagraph_mode": "FULL"}})):
+                     ("uncompiled", {"compilation_config": {"level": 0, "cudagraph_mode": "FULL"}}),
+                     ("eager_pieces", {"compilation_config": {"backend": "eager"}})):
         llm = LLM(model=qwen3_06b_dir, max_model_len=1024, gpu_memory_utilization=0.5, device="cuda", **kw)
         tokens[name] = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
-        if name == "uncompiled":
+        if name != "eager":
             assert llm.engine.runner.graphs.mode_counts[StepMode.FULL] >= NEW_TOKENS - 2
         del llm
         torch.cuda.empty_cache()
     assert tokens["uncompiled"] == tokens["eager"]
+    assert tokens["eager_pieces"] == tokens["eager"]
 
 
 @pytest.mark.parametrize("arch", ["Qwen3ForCausalLM", "LlamaForCausalLM", "Qwen2ForCausalLM"])
