@@ -9,7 +9,10 @@
 * warm-traced: the same with GRAPHRUNNER_AOT=0 (Dynamo traces the model again, Inductor's cache serves the pieces);
 * cold-uncompiled, precompile-uncompiled, warm-uncompiled: the same for the uncompiled engine with FULL graphs
   (`compilation_config={"level": 0, "cudagraph_mode": "FULL"}`: no Dynamo, no Inductor; its precompiled directory
-  holds the Triton kernels).
+  holds the Triton kernels);
+* cold-eager-pieces, precompile-eager-pieces, warm-eager-pieces: the same for the compiled engine with eager pieces
+  (`compilation_config={"backend": "eager"}`: the default graphs, no Inductor; a warm start loads the saved split
+  graph without Dynamo, capture/saved_graph.py).
 Each run also says whether the process imported torch._dynamo.
 Prints a table and writes JSON. Example: python tools/bench_startup.py --model /tmp/q06 --json s1.json
 """
@@ -56,6 +59,8 @@ print(f"FIRST_TOKEN {time.time() - t0:.3f}")
 print(f"DYNAMO_IMPORTED {int('torch._dynamo' in sys.modules)}")
 """
 UNCOMPILED = json.dumps({"level": 0, "cudagraph_mode": "FULL"})
+# the engines a step's suffix names: its compilation_config (None: the default)
+VARIANTS = {"": None, "-uncompiled": UNCOMPILED, "-eager-pieces": json.dumps({"backend": "eager"})}
 
 
 def _empty_caches(root: Path) -> dict[str, str]:
@@ -108,8 +113,7 @@ def _precompile(model: str, out: Path, env: dict[str, str]) -> float:
     return time.time() - t0
 
 
-STEPS = ("eager", "cold", "precompile", "warm", "warm-traced", "cold-uncompiled", "precompile-uncompiled",
-         "warm-uncompiled")
+STEPS = ("eager", "warm-traced", *(f"{kind}{suffix}" for suffix in VARIANTS for kind in ("cold", "precompile", "warm")))
 
 
 def main() -> None:
@@ -125,32 +129,29 @@ def main() -> None:
     unknown = set(order) - set(STEPS)
     if unknown:
         ap.error(f"--steps: unknown {sorted(unknown)}; choose from {list(STEPS)}")
-    for warm, pre in (("warm", "precompile"), ("warm-traced", "precompile"),
-                      ("warm-uncompiled", "precompile-uncompiled")):
+    for warm, pre in (("warm-traced", "precompile"), *((f"warm{x}", f"precompile{x}") for x in VARIANTS)):
         if warm in order and (pre not in order or order.index(pre) > order.index(warm)):
             ap.error(f"--steps: {warm} needs {pre} before it")
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         cache = root / "precompiled"
-        plain = root / "precompiled-uncompiled"
 
-        def uncompiled(name: str) -> dict[str, str]:
-            return {**_empty_caches(root / name), "S1_COMPILATION_CONFIG": UNCOMPILED}
+        def env_of(suffix: str, name: str) -> dict[str, str]:
+            config = VARIANTS[suffix]
+            return {**_empty_caches(root / name), **({"S1_COMPILATION_CONFIG": config} if config else {})}
 
         steps = {"eager": ("eager_first_token_s", lambda: _first_token(args.model, "eager", _empty_caches(root / "eager"))),
-                 "cold": ("cold_first_token_s", lambda: _first_token(args.model, "-", _empty_caches(root / "cold"))),
-                 "precompile": ("precompile_s", lambda: _precompile(args.model, cache, _empty_caches(root / "pre"))),
-                 "warm": ("warm_first_token_s",
-                          lambda: _first_token(args.model, str(cache), _empty_caches(root / "warm"))),
-                 # the same precompiled directory with its saved compilation unused (capture/aot.py): traced again
+                 # the default's precompiled directory with its saved compilation unused (capture/aot.py): traced again
                  "warm-traced": ("warm_traced_first_token_s", lambda: _first_token(
-                     args.model, str(cache), {**_empty_caches(root / "warm-t"), "GRAPHRUNNER_AOT": "0"})),
-                 "cold-uncompiled": ("cold_uncompiled_first_token_s",
-                                     lambda: _first_token(args.model, "-", uncompiled("cold-u"))),
-                 "precompile-uncompiled": ("precompile_uncompiled_s",
-                                           lambda: _precompile(args.model, plain, uncompiled("pre-u"))),
-                 "warm-uncompiled": ("warm_uncompiled_first_token_s",
-                                     lambda: _first_token(args.model, str(plain), uncompiled("warm-u")))}
+                     args.model, str(cache), {**_empty_caches(root / "warm-t"), "GRAPHRUNNER_AOT": "0"}))}
+        for suffix in VARIANTS:
+            out, key = root / f"precompiled{suffix}", suffix.replace("-", "_")
+            steps[f"cold{suffix}"] = (f"cold{key}_first_token_s", lambda x=suffix: _first_token(
+                args.model, "-", env_of(x, f"cold{x}")))
+            steps[f"precompile{suffix}"] = (f"precompile{key}_s", lambda x=suffix, o=out: _precompile(
+                args.model, o, env_of(x, f"pre{x}")))
+            steps[f"warm{suffix}"] = (f"warm{key}_first_token_s", lambda x=suffix, o=out: _first_token(
+                args.model, str(o), env_of(x, f"warm{x}")))
         if args.profile_dir is not None:
             args.profile_dir.mkdir(parents=True, exist_ok=True)
             steps["warm-profiled"] = ("warm_profiled_first_token_s", lambda: _first_token(

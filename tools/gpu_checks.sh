@@ -37,6 +37,8 @@
 #   bash tools/gpu_checks.sh defaults   # the shipped defaults: L1/L2, kernel table, T1 +- penalties, GPU tests
 #   bash tools/gpu_checks.sh fused-tests # qkv_prep and GEMV kernels on CUDA, then the GPU engine, capture and EAGLE
 #                                        # tests with the fused attention prologue and the GEMV norm prologue on
+#   bash tools/gpu_checks.sh pieces33   # eager pieces (compilation_config backend "eager"): GPU tests, then S1 in turns
+#   bash tools/gpu_checks.sh pieces33-lat # ... L1 / L2 default vs eager pieces in turns, T1 of each
 #   bash tools/gpu_checks.sh bench2     # T1 with and without penalties, P1 (with profile), L1 step breakdown
 #   bash tools/gpu_checks.sh p1         # P1 alone (hit vs miss TTFT, with profile)
 #   bash tools/gpu_checks.sh p1-phases  # the hit's attention per split count and tile height, P1 with host phases
@@ -1195,6 +1197,37 @@ PY
       >> "$R/l1_$t.log" 2>&1
   done
   unset GRAPHRUNNER_GEMV_CONFIGS
+  ;;
+pieces33)
+  # the eager piece compiler (compilation_config backend "eager", capture/saved_graph.py): its GPU tests (every graph
+  # mode's tokens equal eager's, the 0.6B bf16 tokens bit-equal to eager's, the warm start without Dynamo on CUDA, the
+  # rope and norm ops on CUDA), then S1: precompile and warm start of eager pieces and of the default, in turns
+  model &
+  T 200 python3 -m pytest -q -p no:cacheprovider -m "gpu or not gpu" --durations=8 tests/test_gpu_capture.py \
+    tests/test_saved_graph.py tests/test_eager_fast_paths.py > "$R/pytest_pieces.log" 2>&1
+  echo "pytest rc=$?" >> "$R/pytest_pieces.log"
+  T 100 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu_engine.py -k uncompiled \
+    > "$R/pytest_pieces_06b.log" 2>&1
+  echo "pytest rc=$?" >> "$R/pytest_pieces_06b.log"
+  wait
+  export PYTHONPYCACHEPREFIX=/tmp/pyc && python3 -c "from graphrunner import LLM" 2>/dev/null
+  GRAPHRUNNER_LOG_LEVEL=INFO T 300 python3 tools/bench_startup.py --model /tmp/q06 \
+    --steps "${STARTUP_STEPS:-precompile-eager-pieces,warm-eager-pieces,precompile,warm,warm-eager-pieces,warm}" \
+    --json "$R/s1.json" > "$R/s1.log" 2>&1
+  ;;
+pieces33-lat)
+  # ... and their step: L1 / L2 at batch 8, default against eager pieces in turns, then T1 of each (median of 3)
+  model
+  EP='{"backend": "eager"}'
+  for i in 1 2; do
+    lat "default_$i"
+    T 130 python3 tools/bench_latency.py --model /tmp/q06 --no-peer --workloads L1,L2 --batch-sizes 8 \
+      --compilation-config "$EP" --json "$R/eager_pieces_$i.json" > "$R/eager_pieces_$i.log" 2>&1
+  done
+  T 150 python3 tools/bench_throughput.py --model /tmp/q06 --no-peer --runs 3 --compilation-config "$EP" \
+    --json "$R/t1_eager_pieces.json" > "$R/t1_eager_pieces.log" 2>&1
+  T 150 python3 tools/bench_throughput.py --model /tmp/q06 --no-peer --runs 3 --json "$R/t1_default.json" \
+    > "$R/t1_default.log" 2>&1
   ;;
 uncompiled-s1)
   model
