@@ -124,11 +124,14 @@ def prepare_compiled_model(model: nn.Module, config: EngineConfig, model_state: 
     eager = config.compile_backend == "eager"
     if cache_dir is not None:
         use_kernel_cache(config, model_state)
-        if eager and config.tensor_parallel_size == 1:
-            saved = saved_graph.load(cache_dir, model)
+        if eager:
+            # only a proposer (draft model, EAGLE head) compiles with Inductor here: its cache, without touching
+            # Inductor's config (whose import brings Dynamo and sympy with it)
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir / "inductor")
+            saved = saved_graph.load(cache_dir, model) if config.tensor_parallel_size == 1 else None
             if saved is not None:
                 return saved
-        elif not eager:
+        else:
             from capture import aot  # (imports Dynamo: only an engine that compiles pays for it)
 
             use_compile_cache(cache_dir)

@@ -18,7 +18,7 @@ import torch
 from tiny_models import make_tiny_model
 
 from capture import aot
-from capture.manifest import MANIFEST_NAME, Manifest
+from capture.manifest import MANIFEST_NAME, Manifest, code_key
 from graphrunner import LLM
 
 WARM_SCRIPT = """
@@ -120,11 +120,11 @@ def test_precompile_then_warm_start_hits_the_cache(tmp_path: Path, model_dir: Pa
 
 
 def test_aot_key_follows_code_switches_but_not_logging(monkeypatch: pytest.MonkeyPatch) -> None:
-    base = aot.code_key()
+    base = code_key()
     monkeypatch.setenv("GRAPHRUNNER_LOG_LEVEL", "INFO")
-    assert aot.code_key() == base
+    assert code_key() == base
     monkeypatch.setenv("GRAPHRUNNER_FUSED_ADD_NORM", "0")
-    assert aot.code_key() != base
+    assert code_key() != base
 
 
 def test_manifest_records_the_graph_sizes_of_the_config(model_dir: Path) -> None:
