@@ -54,6 +54,7 @@ def _manifest_dir(tmp_path: Path, model_dir: Path, **changes: object) -> Path:
     ({"capture_sizes": (1, 2, 4)}, "capture_sizes"),
     ({"full_sizes": (1, 2)}, "full_sizes"),
     ({"tensor_parallel_size": 2}, "tensor_parallel_size"),
+    ({"compile_backend": "eager"}, "compile_backend"),
 ])
 def test_mismatched_manifest_is_refused_naming_the_field(tmp_path: Path, model_dir: Path, changes: dict,
                                                          field: str) -> None:

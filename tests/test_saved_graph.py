@@ -191,3 +191,14 @@ def test_op_nodes_call_their_implementations() -> None:
     args = (torch.randn(3, 8), torch.randn(3, 8), torch.rand(8) + 0.5)
     for got, want in zip(gm(*args), add_rms_norm_ref(*args, 1e-6), strict=True):
         torch.testing.assert_close(got, want)
+
+
+def test_manifests_written_before_eager_pieces_read_as_inductor(tmp_path: Path, model_dir: Path) -> None:
+    from capture.manifest import Manifest
+
+    Manifest.current(model_dir, torch.float32, torch.device("cpu"), ()).save(tmp_path)
+    raw = json.loads((tmp_path / MANIFEST_NAME).read_text())
+    assert raw.pop("compile_backend") == "inductor"
+    for compiled, backend in ((True, "inductor"), (False, "")):
+        (tmp_path / MANIFEST_NAME).write_text(json.dumps({**raw, "compiled": compiled}))
+        assert Manifest.load(tmp_path).compile_backend == backend
