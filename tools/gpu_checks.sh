@@ -38,7 +38,7 @@
 #   bash tools/gpu_checks.sh fused-tests # qkv_prep and GEMV kernels on CUDA, then the GPU engine, capture and EAGLE
 #                                        # tests with the fused attention prologue and the GEMV norm prologue on
 #   bash tools/gpu_checks.sh pieces33   # eager pieces (compilation_config backend "eager"): GPU tests, then S1 in turns
-#   bash tools/gpu_checks.sh pieces33-lat # ... L1 / L2 default vs eager pieces in turns, T1 of each
+#   bash tools/gpu_checks.sh lat33      # L1/L2 at batch 2/4/8: default, PDL late never, eager pieces; T1 of two
 #   bash tools/gpu_checks.sh bench2     # T1 with and without penalties, P1 (with profile), L1 step breakdown
 #   bash tools/gpu_checks.sh p1         # P1 alone (hit vs miss TTFT, with profile)
 #   bash tools/gpu_checks.sh p1-phases  # the hit's attention per split count and tile height, P1 with host phases
@@ -101,6 +101,9 @@ T() {
 # lat NAME: L1 and L2 (batch 8) on the bench model under the caller's environment, into $R/NAME.{json,log}
 lat() { T "${LAT_LIMIT:-130}" python3 tools/bench_latency.py --model /tmp/q06 --no-peer --workloads L1,L2 --batch-sizes 8 \
   --json "$R/$1.json" > "$R/$1.log" 2>&1; }
+# lat3 NAME [ARGS]: L1 and L2 at batch 2, 4 and 8 (ARGS: more bench_latency arguments), into $R/NAME.{json,log}
+lat3() { local name=$1; shift; T "${LAT_LIMIT:-130}" python3 tools/bench_latency.py --model /tmp/q06 --no-peer \
+  --workloads L1,L2 --batch-sizes 2,4,8 "$@" --json "$R/$name.json" > "$R/$name.log" 2>&1; }
 # l2b8 NAME: L2 at batch 8 alone on the bench model under the caller's environment, appended to $R/l2_NAME.{json,log}
 l2b8() { T 80 python3 tools/bench_latency.py --model /tmp/q06 --no-peer --workloads L2 --batch-sizes 8 \
   --json "$R/l2_$1.json" >> "$R/l2_$1.log" 2>&1; }
@@ -1201,10 +1204,11 @@ PY
 pieces33)
   # the eager piece compiler (compilation_config backend "eager", capture/saved_graph.py): its GPU tests (every graph
   # mode's tokens equal eager's, the 0.6B bf16 tokens bit-equal to eager's, the warm start without Dynamo on CUDA, the
-  # rope and norm ops on CUDA), then S1: precompile and warm start of eager pieces and of the default, in turns
+  # rope and norm ops on CUDA; and test_pdl, late32's tests: every kernel late against early), then S1: precompile
+  # and warm start of eager pieces and of the default, in turns
   model &
-  T 200 python3 -m pytest -q -p no:cacheprovider -m "gpu or not gpu" --durations=8 tests/test_gpu_capture.py \
-    tests/test_saved_graph.py tests/test_eager_fast_paths.py > "$R/pytest_pieces.log" 2>&1
+  T 230 python3 -m pytest -q -p no:cacheprovider -m "gpu or not gpu" --durations=8 tests/test_gpu_capture.py \
+    tests/test_saved_graph.py tests/test_eager_fast_paths.py tests/test_pdl.py > "$R/pytest_pieces.log" 2>&1
   echo "pytest rc=$?" >> "$R/pytest_pieces.log"
   T 100 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu_engine.py -k uncompiled \
     > "$R/pytest_pieces_06b.log" 2>&1
@@ -1215,19 +1219,21 @@ pieces33)
     --steps "${STARTUP_STEPS:-precompile-eager-pieces,warm-eager-pieces,precompile,warm,warm-eager-pieces,warm}" \
     --json "$R/s1.json" > "$R/s1.log" 2>&1
   ;;
-pieces33-lat)
-  # ... and their step: L1 / L2 at batch 8, default against eager pieces in turns, then T1 of each (median of 3)
+lat33)
+  # the step under the shipped default (PDL late from 5 tokens), with the late trigger never (LATE_FROM 0: last
+  # session's early-everywhere baseline) and with eager pieces: L1 and L2 at batch 2, 4 and 8, in turns, twice; then
+  # T1 (median of 3) for the default and for eager pieces
   model
   EP='{"backend": "eager"}'
   for i in 1 2; do
-    lat "default_$i"
-    T 130 python3 tools/bench_latency.py --model /tmp/q06 --no-peer --workloads L1,L2 --batch-sizes 8 \
-      --compilation-config "$EP" --json "$R/eager_pieces_$i.json" > "$R/eager_pieces_$i.log" 2>&1
+    LAT_LIMIT=110 lat3 "default_$i"
+    GRAPHRUNNER_PDL_LATE_FROM=0 LAT_LIMIT=110 lat3 "late_from0_$i"
+    LAT_LIMIT=110 lat3 "eager_pieces_$i" --compilation-config "$EP"
   done
-  T 150 python3 tools/bench_throughput.py --model /tmp/q06 --no-peer --runs 3 --compilation-config "$EP" \
-    --json "$R/t1_eager_pieces.json" > "$R/t1_eager_pieces.log" 2>&1
-  T 150 python3 tools/bench_throughput.py --model /tmp/q06 --no-peer --runs 3 --json "$R/t1_default.json" \
+  T 100 python3 tools/bench_throughput.py --model /tmp/q06 --no-peer --runs 3 --json "$R/t1_default.json" \
     > "$R/t1_default.log" 2>&1
+  T 100 python3 tools/bench_throughput.py --model /tmp/q06 --no-peer --runs 3 --compilation-config "$EP" \
+    --json "$R/t1_eager_pieces.json" > "$R/t1_eager_pieces.log" 2>&1
   ;;
 uncompiled-s1)
   model
