@@ -204,8 +204,9 @@ class EngineArgs:
         if unknown:
             raise ValueError(f"compilation_config keys {unknown} are not supported; known: level, mode, "
                              f"cudagraph_mode, cudagraph_capture_sizes, backend")
-        backend = cc.get("backend") or "inductor"
-        if backend not in COMPILE_BACKENDS:
+        backend = cc.get("backend")
+        backend = "inductor" if backend is None or backend == "" else backend  # (unset, or vLLM's "": the default)
+        if not isinstance(backend, str) or backend not in COMPILE_BACKENDS:
             raise ValueError(f"compilation_config backend {cc['backend']!r}: expected one of {list(COMPILE_BACKENDS)} "
                              f"(the compiled model's piece compiler)")
         if "cudagraph_mode" in cc:

@@ -102,12 +102,15 @@ def test_an_inductor_precompile_does_not_serve_eager_pieces(tmp_path: Path, mode
 
 
 @pytest.mark.parametrize(("cc", "match"), [({"backend": "tvm"}, "backend 'tvm': expected one of"),
+                                           ({"backend": 0}, "backend 0: expected one of"),
+                                           ({"backend": ["eager"]}, r"backend \['eager'\]: expected one of"),
                                            ({"level": 0, "backend": "eager"}, "level 0 .* with backend 'eager'")])
 def test_bad_backends_are_refused(model_dir: Path, cc: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         build_engine_config(model=model_dir, device="cpu", compilation_config=cc)
-    assert build_engine_config(model=model_dir, device="cpu", compilation_config={"backend": ""}).compile_backend \
-        == "inductor"  # vLLM's "" is the default backend
+    for unset in ("", None):  # vLLM's "" is the default backend
+        assert build_engine_config(model=model_dir, device="cpu",
+                                   compilation_config={"backend": unset}).compile_backend == "inductor"
     with pytest.raises(ValueError, match="piece compiler must be one of"):
         PiecewiseBackend.named("tvm")
 
