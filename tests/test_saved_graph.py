@@ -205,3 +205,23 @@ def test_manifests_written_before_eager_pieces_read_as_inductor(tmp_path: Path, 
     for compiled, backend in ((True, "inductor"), (False, "")):
         (tmp_path / MANIFEST_NAME).write_text(json.dumps({**raw, "compiled": compiled}))
         assert Manifest.load(tmp_path).compile_backend == backend
+
+
+@pytest.mark.parametrize("arch", ["LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM"])
+def test_other_architectures_warm_start_from_their_saved_graph(tmp_path: Path, arch: str) -> None:
+    """Untied heads, q/k/v biases, a sliding window: each precompiles for eager pieces, and an engine built from the
+    directory runs the rebuilt graph (in this process, so Dynamo is around: the fresh-process test above checks
+    that a warm start never imports it) with eager's sampled tokens."""
+    from graphrunner.precompile import precompile
+
+    model_dir = make_tiny_model(tmp_path / "model", arch)
+    kw = {"num_gpu_blocks_override": 64, "max_model_len": 256, "device": "cpu", "dtype": "float32"}
+    config = build_engine_config(model=model_dir, compilation_config=EAGER_PIECES, **kw)
+    precompile(config, tmp_path / "cache")
+    assert (tmp_path / "cache" / saved_graph.GRAPH_FILE).is_file()
+    params = [SamplingParams(temperature=0.8, seed=i, max_tokens=6, ignore_eos=True) for i in range(len(PROMPTS))]
+    eager = LLM(model=model_dir, enforce_eager=True, **kw)
+    warm = LLM(model=model_dir, compile_cache=tmp_path / "cache", compilation_config=EAGER_PIECES, **kw)
+    assert type(warm.engine.runner.model).__name__ == "SavedGraphModel"
+    assert [o.outputs[0].token_ids for o in warm.generate(PROMPTS, params)] == \
+        [o.outputs[0].token_ids for o in eager.generate(PROMPTS, params)]
