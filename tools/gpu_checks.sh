@@ -1207,7 +1207,7 @@ pieces33)
   # rope and norm ops on CUDA; and test_pdl, late32's tests: every kernel late against early), then S1: precompile
   # and warm start of eager pieces and of the default, in turns
   model &
-  T 230 python3 -m pytest -q -p no:cacheprovider -m "gpu or not gpu" --durations=8 tests/test_gpu_capture.py \
+  T 300 python3 -m pytest -q -rf -p no:cacheprovider -m "gpu or not gpu" --durations=8 tests/test_gpu_capture.py \
     tests/test_saved_graph.py tests/test_eager_fast_paths.py tests/test_pdl.py > "$R/pytest_pieces.log" 2>&1
   echo "pytest rc=$?" >> "$R/pytest_pieces.log"
   T 100 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu_engine.py -k uncompiled \
