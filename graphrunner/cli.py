@@ -417,6 +417,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # the reader went away (`| head`): stop quietly, as `cat` does; stdout goes to devnull so that the
+        # interpreter's final flush of what is still buffered does not raise again
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, the status a shell reports for a pipe's writer that stopped on it
     parser.error(f"unknown command {args.command!r}")
 
 

@@ -111,6 +111,19 @@ def test_module_entry_point_version_and_error() -> None:
     assert proc.returncode == 2 and proc.stderr == "graphrunner: error: top_p must be in (0, 1], got 2.0\n"
 
 
+def test_a_reader_that_goes_away_ends_generate_quietly() -> None:
+    """`graphrunner generate --stream ... | head -c 20`: no traceback when the pipe closes, status 141 as for SIGPIPE."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "GRAPHRUNNER_DEVICE": "cpu"}
+    proc = subprocess.Popen([sys.executable, "-m", "graphrunner", "generate", "--stream", "--ignore-eos", "--enforce-eager",
+                             "--max-tokens", "1000", PROMPTS[0]], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    assert proc.stdout is not None and proc.stderr is not None
+    assert len(proc.stdout.read(len(PROMPTS[0]) + 3)) == len(PROMPTS[0]) + 3  # the prompt and a first token or two
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=300) == 141, err
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
+
+
 def _completion(text: str, reason: str | None) -> CompletionOutput:
     return CompletionOutput(0, text, [1] * len(text), finish_reason=reason)
 
