@@ -15,6 +15,8 @@ from pathlib import Path
 
 import torch
 
+from graphrunner.config import DEFAULT_COMPILE_BACKEND
+
 MANIFEST_NAME = "manifest.json"
 FORMAT_VERSION = 2  # 2: capture_sizes are the piecewise token buckets, plus full_sizes
 # Environment switches that change no traced code (logging, timeouts, host-side knobs); every other GRAPHRUNNER_*
@@ -65,7 +67,8 @@ class Manifest:
     @classmethod
     def current(cls, model_dir: Path, dtype: torch.dtype, device: torch.device,
                 capture_sizes: tuple[int, ...], full_sizes: tuple[int, ...] = (),
-                tensor_parallel_size: int = 1, compiled: bool = True, compile_backend: str = "inductor") -> Manifest:
+                tensor_parallel_size: int = 1, compiled: bool = True,
+                compile_backend: str = DEFAULT_COMPILE_BACKEND) -> Manifest:
         name, capability = _device_facts(device)
         return cls(FORMAT_VERSION, model_hash(model_dir), str(dtype).removeprefix("torch."), torch.__version__,
                    _triton_version(), name, capability, tuple(capture_sizes), tuple(full_sizes),

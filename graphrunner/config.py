@@ -285,6 +285,7 @@ PIECEWISE_MODES = ("full_and_piecewise", "piecewise")  # (piecewise graphs are g
 # the compiled model's piece compilers (compilation_config's "backend"): Inductor, or none (the traced pieces as
 # they are; docs/DECISIONS.md, S1)
 COMPILE_BACKENDS = ("inductor", "eager")
+DEFAULT_COMPILE_BACKEND = "eager"  # when compilation_config names none (docs/DECISIONS.md, S1)
 
 
 def check_tensor_parallel(model: ModelConfig, size: int, device: torch.device) -> None:
@@ -336,7 +337,7 @@ class EngineConfig:
     torch_compile: bool = True
     # the compiled model's piece compiler, one of COMPILE_BACKENDS: "eager" runs the traced pieces as they are (no
     # Inductor; a warm start from a precompiled directory then loads them without Dynamo: capture/saved_graph.py)
-    compile_backend: str = "inductor"
+    compile_backend: str = DEFAULT_COMPILE_BACKEND
     # batch sizes of the FULL decode graphs (compilation_config's cudagraph_capture_sizes); None = the model
     # state's default sizes; sizes over max_num_seqs are not captured
     cudagraph_capture_sizes: tuple[int, ...] | None = None

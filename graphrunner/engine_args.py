@@ -21,6 +21,7 @@ import torch
 from graphrunner.argparse_utils import json_value
 from graphrunner.config import (
     COMPILE_BACKENDS,
+    DEFAULT_COMPILE_BACKEND,
     PIECEWISE_MODES,
     CacheConfig,
     EngineConfig,
@@ -195,7 +196,7 @@ class EngineArgs:
         cc = self.compilation_config
         eager, mode = self.enforce_eager, self.cudagraph_mode
         if cc is None:
-            return eager, mode, None, True, "inductor"
+            return eager, mode, None, True, DEFAULT_COMPILE_BACKEND
         if isinstance(cc, int) and not isinstance(cc, bool):
             cc = {"level": cc}
         if not isinstance(cc, dict):
@@ -205,7 +206,7 @@ class EngineArgs:
             raise ValueError(f"compilation_config keys {unknown} are not supported; known: level, mode, "
                              f"cudagraph_mode, cudagraph_capture_sizes, backend")
         backend = cc.get("backend")
-        backend = "inductor" if backend is None or backend == "" else backend  # (unset, or vLLM's "": the default)
+        backend = DEFAULT_COMPILE_BACKEND if backend is None or backend == "" else backend  # (unset, or vLLM's "")
         if not isinstance(backend, str) or backend not in COMPILE_BACKENDS:
             raise ValueError(f"compilation_config backend {cc['backend']!r}: expected one of {list(COMPILE_BACKENDS)} "
                              f"(the compiled model's piece compiler)")

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from graphrunner.argparse_utils import FlexibleArgumentParser
+from graphrunner.config import DEFAULT_COMPILE_BACKEND
 from graphrunner.engine_args import EngineArgs
 
 
@@ -30,7 +31,7 @@ def test_dotted_json_fields_build_one_dict() -> None:
     args = _parse(["--compilation-config.cudagraph_mode", "PIECEWISE", "--compilation-config.level=3",
                    "--max-model-len", "32"])
     assert args.compilation_config == {"cudagraph_mode": "PIECEWISE", "level": 3} and args.max_model_len == 32
-    assert args._compilation() == (False, "piecewise", None, True, "inductor")
+    assert args._compilation() == (False, "piecewise", None, True, DEFAULT_COMPILE_BACKEND)
     args = _parse(["--compilation-config.cudagraph_capture_sizes", "[1, 2, 4]", "--compilation-config.level=3",
                    "--compilation-config.backend", "eager"])
     assert args._compilation() == (False, "full_and_piecewise", (1, 2, 4), True, "eager")

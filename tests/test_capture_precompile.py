@@ -26,7 +26,7 @@ import json, sys
 from torch._dynamo.utils import counters
 from graphrunner import LLM, SamplingParams
 llm = LLM(model=sys.argv[1], compile_cache=sys.argv[2], num_gpu_blocks_override=64, max_model_len=256,
-          device=sys.argv[3], dtype="float32")
+          device=sys.argv[3], dtype="float32", compilation_config={"backend": "inductor"})
 out = llm.generate([[5, 6, 7, 8, 9], [3], list(range(40, 70))],
                    SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
 print(json.dumps({"tokens": [o.outputs[0].token_ids for o in out], "inductor": dict(counters["inductor"]),
@@ -54,7 +54,7 @@ def _manifest_dir(tmp_path: Path, model_dir: Path, **changes: object) -> Path:
     ({"capture_sizes": (1, 2, 4)}, "capture_sizes"),
     ({"full_sizes": (1, 2)}, "full_sizes"),
     ({"tensor_parallel_size": 2}, "tensor_parallel_size"),
-    ({"compile_backend": "eager"}, "compile_backend"),
+    ({"compile_backend": "inductor"}, "compile_backend"),
 ])
 def test_mismatched_manifest_is_refused_naming_the_field(tmp_path: Path, model_dir: Path, changes: dict,
                                                          field: str) -> None:
@@ -79,7 +79,7 @@ def test_precompile_then_warm_start_hits_the_cache(tmp_path: Path, model_dir: Pa
     cache = tmp_path / "cache"
     pre = subprocess.run([sys.executable, "-m", "graphrunner", "precompile", "--model", str(model_dir), "--out",
                           str(cache), "--max-model-len", "256", "--device", device, "--dtype", "float32",
-                          "--num-gpu-blocks-override", "64"], capture_output=True, text=True, timeout=600,
+                          "--num-gpu-blocks-override", "64", "--compilation-config", '{"backend": "inductor"}'], capture_output=True, text=True, timeout=600,
                          check=False)
     assert pre.returncode == 0, pre.stderr
     manifest = json.loads((cache / MANIFEST_NAME).read_text())

@@ -22,7 +22,9 @@ pytestmark = pytest.mark.gpu
 
 BATCH_SIZES = [1, 7, 16, 25, 33, 45, 64, 123]
 NEW_TOKENS = 10
-MODES = {"eager": {"enforce_eager": True}, "piecewise": {"cudagraph_mode": "piecewise"}, "full": {},
+INDUCTOR = {"backend": "inductor"}  # (the default is eager pieces: these two keep Inductor's pieces under test)
+MODES = {"eager": {"enforce_eager": True}, "piecewise": {"cudagraph_mode": "piecewise", "compilation_config": INDUCTOR},
+         "full": {"compilation_config": INDUCTOR},
          "uncompiled": {"compilation_config": {"level": 0, "cudagraph_mode": "FULL"}},
          "eager_pieces": {"compilation_config": {"backend": "eager"}}}  # FULL + piecewise graphs, no Inductor
 

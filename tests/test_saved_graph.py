@@ -22,6 +22,7 @@ from capture.compile_settings import configure_compilers
 from capture.manifest import MANIFEST_NAME
 from capture.piecewise import PiecewiseBackend, call_implementations
 from graphrunner import LLM, SamplingParams
+from graphrunner.config import DEFAULT_COMPILE_BACKEND
 from graphrunner.engine_args import build_engine_config
 from graphrunner.models.norm import _add_rms_norm, add_rms_norm_ref
 
@@ -30,6 +31,7 @@ PROMPTS = [[5, 6, 7, 8, 9], [3], list(range(40, 70))] + [[i + 1] * (i + 2) for i
 WARM_SCRIPT = """
 import json, sys
 from graphrunner import LLM, SamplingParams
+from graphrunner.config import DEFAULT_COMPILE_BACKEND
 llm = LLM(model=sys.argv[1], compile_cache=sys.argv[2], num_gpu_blocks_override=64, max_model_len=256,
           device=sys.argv[3], dtype="float32", compilation_config={"backend": "eager"})
 out = llm.generate(json.loads(sys.argv[4]), SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
@@ -94,7 +96,8 @@ def test_an_inductor_precompile_does_not_serve_eager_pieces(tmp_path: Path, mode
     from capture.compiled import manifest_for
     from graphrunner.worker import build_model_state
 
-    config = build_engine_config(model=model_dir, device="cpu", max_model_len=256, dtype="float32")
+    config = build_engine_config(model=model_dir, device="cpu", max_model_len=256, dtype="float32",
+                                 compilation_config={"backend": "inductor"})
     manifest_for(config, build_model_state(config)).save(tmp_path)
     with pytest.raises(ValueError, match="compile_backend: cache has 'inductor', this run has 'eager'"):
         LLM(model=model_dir, compile_cache=tmp_path, max_model_len=256, dtype="float32", device="cpu",
@@ -110,7 +113,7 @@ def test_bad_backends_are_refused(model_dir: Path, cc: dict, match: str) -> None
         build_engine_config(model=model_dir, device="cpu", compilation_config=cc)
     for unset in ("", None):  # vLLM's "" is the default backend
         assert build_engine_config(model=model_dir, device="cpu",
-                                   compilation_config={"backend": unset}).compile_backend == "inductor"
+                                   compilation_config={"backend": unset}).compile_backend == DEFAULT_COMPILE_BACKEND
     with pytest.raises(ValueError, match="piece compiler must be one of"):
         PiecewiseBackend.named("tvm")
 
@@ -199,9 +202,9 @@ def test_op_nodes_call_their_implementations() -> None:
 def test_manifests_written_before_eager_pieces_read_as_inductor(tmp_path: Path, model_dir: Path) -> None:
     from capture.manifest import Manifest
 
-    Manifest.current(model_dir, torch.float32, torch.device("cpu"), ()).save(tmp_path)
+    Manifest.current(model_dir, torch.float32, torch.device("cpu"), ()).save(tmp_path)  # (the default backend)
     raw = json.loads((tmp_path / MANIFEST_NAME).read_text())
-    assert raw.pop("compile_backend") == "inductor"
+    assert raw.pop("compile_backend") == DEFAULT_COMPILE_BACKEND
     for compiled, backend in ((True, "inductor"), (False, "")):
         (tmp_path / MANIFEST_NAME).write_text(json.dumps({**raw, "compiled": compiled}))
         assert Manifest.load(tmp_path).compile_backend == backend
