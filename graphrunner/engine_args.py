@@ -192,7 +192,7 @@ class EngineArgs:
         """(enforce_eager, cudagraph_mode, cudagraph_capture_sizes, torch_compile, compile_backend) after vLLM's
         compilation_config: a level / mode number or a dict. Level 0 is vLLM's no compilation: no graphs either,
         unless a FULL cudagraph_mode asks for graphs of the uncompiled model. "backend" is the compiled model's piece
-        compiler, as in vLLM: "inductor" (or "", the default) or "eager"."""
+        compiler, as in vLLM's key: "eager" (or "" or unset: the default, DEFAULT_COMPILE_BACKEND) or "inductor"."""
         cc = self.compilation_config
         eager, mode = self.enforce_eager, self.cudagraph_mode
         if cc is None:

@@ -1,6 +1,6 @@
 """`graphrunner precompile`: compile everything an engine with a given config will need, offline, into
-one directory (Inductor's and Triton's caches, the model's saved compilation and a manifest) that later engines
-start warm from. For an uncompiled engine (compilation level 0 with FULL graphs) that is the Triton kernels.
+one directory (Triton's caches, the model's saved graph or, with Inductor pieces, Inductor's cache and saved
+compilation, and a manifest) that later engines start warm from. For an uncompiled engine (compilation level 0 with FULL graphs) that is the Triton kernels.
 
 It lives in the front because it drives a real Engine; capture/compiled.py reads the directory back.
 """
