@@ -97,9 +97,15 @@ class Manifest:
         """Raise ValueError naming every field where the cache differs from this run."""
         diffs = [f"{f.name}: cache has {getattr(self, f.name)!r}, this run has {getattr(current, f.name)!r}"
                  for f in dataclasses.fields(self) if getattr(self, f.name) != getattr(current, f.name)]
-        if diffs:
-            raise ValueError(f"compile cache {cache_dir} was built for a different setup; refusing it "
-                             f"({'; '.join(diffs)}). Rebuild it with `graphrunner precompile`.")
+        if not diffs:
+            return
+        hint = ""
+        if self.compile_backend != current.compile_backend and self.compile_backend and current.compile_backend:
+            # (a directory precompiled before eager pieces became the default is an Inductor one)
+            hint = (f", or start with compilation_config={{'backend': {self.compile_backend!r}}} "
+                    f"(CLI: -O '{{\"backend\": \"{self.compile_backend}\"}}'), the piece compiler it was built with")
+        raise ValueError(f"compile cache {cache_dir} was built for a different setup; refusing it "
+                         f"({'; '.join(diffs)}). Rebuild it with `graphrunner precompile`{hint}.")
 
 
 def code_key() -> str:

@@ -59,8 +59,10 @@ def _manifest_dir(tmp_path: Path, model_dir: Path, **changes: object) -> Path:
 def test_mismatched_manifest_is_refused_naming_the_field(tmp_path: Path, model_dir: Path, changes: dict,
                                                          field: str) -> None:
     cache = _manifest_dir(tmp_path, model_dir, **changes)
-    with pytest.raises(ValueError, match=f"different setup.*{field}: cache has"):
+    with pytest.raises(ValueError, match=f"different setup.*{field}: cache has") as refused:
         LLM(model=model_dir, compile_cache=cache, num_gpu_blocks_override=16)
+    # only a piece-compiler mismatch says which compilation_config the directory would load under
+    assert ("""-O '{"backend": "inductor"}'""" in str(refused.value)) == (field == "compile_backend")
 
 
 def test_dtype_mismatch_and_missing_manifest_are_refused(tmp_path: Path, model_dir: Path) -> None:
