@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import pickle
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -277,7 +278,7 @@ def load(cache_dir: Path, model: nn.Module) -> tuple[SavedGraphModel, SavedPiece
     """The model behind its saved split graph, and its compute pieces, or None where cache_dir has no GRAPH_FILE,
     it was traced from other code or switches, or it does not load (each logged): trace as usual."""
     path = cache_dir / GRAPH_FILE
-    if not path.is_file():
+    if not path.is_file() or os.environ.get("GRAPHRUNNER_AOT", "1") == "0":  # (as for model.aot: trace again)
         return None
     try:
         state = pickle.loads(path.read_bytes())

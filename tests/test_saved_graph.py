@@ -87,7 +87,8 @@ def test_precompile_then_warm_start_without_dynamo(tmp_path: Path, model_dir: Pa
     # traced with another switch (another graph, which nothing in the file could tell): traced again through Dynamo
     other = warm(GRAPHRUNNER_FUSED_QKV_PREP="0")
     assert other["model"] == "UnfusedTrace" and other["dynamo"], other
-    if device == "cpu":  # a file that does not load is not used either
+    if device == "cpu":  # asked to trace again (GRAPHRUNNER_AOT=0, as for model.aot); a file that does not load
+        assert warm(GRAPHRUNNER_AOT="0")["model"] == "UnfusedTrace"  # is not used either
         (cache / saved_graph.GRAPH_FILE).write_bytes(b"not a saved graph")
         assert warm()["model"] == "UnfusedTrace"
 

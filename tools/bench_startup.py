@@ -5,8 +5,8 @@
   directories, so every piece compiles from scratch, as a first-ever deployment without
   precompiled artifacts pays;
 * precompile: `graphrunner precompile` into an empty directory (offline, once);
-* warm: a run from that precompiled directory (the model's saved compilation loaded, capture/aot.py);
-* warm-traced: the same with GRAPHRUNNER_AOT=0 (Dynamo traces the model again, Inductor's cache serves the pieces);
+* warm: a run from that precompiled directory (the saved split graph loaded, capture/saved_graph.py);
+* warm-traced: the same with GRAPHRUNNER_AOT=0 (Dynamo traces the model again; with Inductor pieces its cache serves them);
 * cold-uncompiled, precompile-uncompiled, warm-uncompiled: the same for the uncompiled engine with FULL graphs
   (`compilation_config={"level": 0, "cudagraph_mode": "FULL"}`: no Dynamo, no Inductor; its precompiled directory
   holds the Triton kernels);

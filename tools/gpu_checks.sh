@@ -77,6 +77,8 @@
 #                                       # (GRAPHRUNNER_ATTN_DECODE_PREP) at 4 and 8 warps: tests on CUDA, L1/L2 in turns
 #   bash tools/gpu_checks.sh tc32       # issue 17: other tensor-core shapes for gate-up and qkv at 2-8 tokens (more,
 #                                       # smaller programs), L2 at batch 8 per table in turns
+#   bash tools/gpu_checks.sh next37     # after eager pieces became the default: the 0.6B engine tests under it, S1
+#                                       # warm of the default (twice), L2 at batch 2 and 4 with PDL late from 2 vs 5
 #   bash tools/gpu_checks.sh serve      # offline L1 and T1, then SV1 with the engine loop in a process (needs .whl/)
 #   bash tools/gpu_checks.sh serve-thread  # SV1 with the loop in a thread of the server (the old layout)
 #   bash tools/gpu_checks.sh tp         # on nvidia-h200-x2: TP tests (each test logged as it runs)
@@ -87,7 +89,7 @@
 # limit so the last phase still ends (and is tarred) inside the device call:
 #   DEADLINE=560 bash tools/gpu_checks.sh tests-a tests-b
 set -u
-[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-pair-table | spec-unroll | spec-why | spec-demo | spec-b64 | spec-b64-host | spec-diag | host-probe | small-mixed | spec16c | spec-cost | spec-table | rej | spec16 | spec16b | gemv | gemv-swap | gemv-pf | gemv-engine | final24 | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | final15 | attn-spills | attn-best | p1-rows | bench2 | sizes-tests | sizes-t1 | l2-table | startup | uncompiled | uncompiled-s1 | pair26 | pair26b | final26 | untuned | verify26 | verify27 | sweep17 | pair27 | pair27b | head28 | pair28 | pair28b | pair29 | pair29b | l2-30 | l2-30b | partials30 | lan31 | pdl32 | late32 | prep32 | tc32 | l2-17 | l1-17 | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-pair-table | spec-unroll | spec-why | spec-demo | spec-b64 | spec-b64-host | spec-diag | host-probe | small-mixed | spec16c | spec-cost | spec-table | rej | spec16 | spec16b | gemv | gemv-swap | gemv-pf | gemv-engine | final24 | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | final15 | attn-spills | attn-best | p1-rows | bench2 | sizes-tests | sizes-t1 | l2-table | startup | uncompiled | uncompiled-s1 | pair26 | pair26b | final26 | untuned | verify26 | verify27 | sweep17 | pair27 | pair27b | head28 | pair28 | pair28b | pair29 | pair29b | l2-30 | l2-30b | partials30 | lan31 | pdl32 | late32 | prep32 | tc32 | next37 | l2-17 | l1-17 | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
 OUT=${OUT:-/tmp/out}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 END=$(( $(date +%s) + ${DEADLINE:-100000} ))
@@ -1234,6 +1236,24 @@ lat33)
     > "$R/t1_default.log" 2>&1
   T 100 python3 tools/bench_throughput.py --model /tmp/q06 --no-peer --runs 3 --compilation-config "$EP" \
     --json "$R/t1_eager_pieces.json" > "$R/t1_eager_pieces.log" 2>&1
+  ;;
+next37)
+  # what the thirty-seventh session's device time did not reach: test_gpu_engine's 0.6B tests with eager pieces the
+  # default (HF's tokens, and eager pieces bit-equal to eager), the default's warm start on this host (measured
+  # with the flag on an H100: 8.5-9.2 s), and whether 2-4 tokens gain from the late PDL trigger (LATE_FROM=2)
+  model
+  T 200 python3 -m pytest -q -p no:cacheprovider -m gpu -rfE tests/test_gpu_engine.py -k 06b \
+    > "$R/pytest_06b.log" 2>&1
+  echo "pytest rc=$?" >> "$R/pytest_06b.log"
+  export PYTHONPYCACHEPREFIX=/tmp/pyc && python3 -c "from graphrunner import LLM" 2>/dev/null
+  GRAPHRUNNER_LOG_LEVEL=INFO T 200 python3 tools/bench_startup.py --model /tmp/q06 --steps precompile,warm,warm \
+    --json "$R/s1.json" > "$R/s1.log" 2>&1
+  for i in 1 2; do
+    for from in 5 2; do
+      GRAPHRUNNER_PDL_LATE_FROM=$from T 80 python3 tools/bench_latency.py --model /tmp/q06 --no-peer \
+        --workloads L2 --batch-sizes 2,4 --json "$R/l2_from${from}_$i.json" > "$R/l2_from${from}_$i.log" 2>&1
+    done
+  done
   ;;
 uncompiled-s1)
   model
