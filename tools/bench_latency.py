@@ -53,6 +53,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prompt-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=None, help="tokens per request (default: L1 256, L2 128)")
     p.add_argument("--repeats", type=int, default=3, help="timed repeats for ours (median)")
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="our engine's max_model_len (default: the longest prompt + output). FULL decode graphs take "
+                        "the KV split count of this length, so a model's own context (Qwen3-0.6B: 40960) shows "
+                        "what a default deployment's step costs")
     p.add_argument("--peer-repeats", type=int, default=1, help="timed repeats for the HF peers (they are slow)")
     p.add_argument("--peer-output-len", type=int, default=64,
                    help="N for the HF peers' TPOT (per-token cost barely depends on N at these lengths; saves GPU "
@@ -134,7 +138,10 @@ def run_hf_peers(args: argparse.Namespace, cases: list[Case], device: torch.devi
 def run_ours(args: argparse.Namespace, cases: list[Case], device: torch.device, report: Report,
              results: dict[str, dict[str, Any]]) -> None:
     def body() -> None:
-        max_len = max(c.prompt_len + c.output_len for c in cases)
+        need = max(c.prompt_len + c.output_len for c in cases)
+        if args.max_model_len is not None and args.max_model_len < need:
+            raise SystemExit(f"--max-model-len {args.max_model_len} is shorter than the workloads' {need} tokens")
+        max_len = args.max_model_len or need
         llm = build_ours(args.model, device, max_model_len=max_len, max_num_seqs=max(256, *(c.batch for c in cases)),
                          enforce_eager=args.enforce_eager, gpu_memory_utilization=args.gpu_memory_utilization,
                          **({} if args.compilation_config is None else {"compilation_config": args.compilation_config}))
