@@ -89,7 +89,7 @@
 # limit so the last phase still ends (and is tarred) inside the device call:
 #   DEADLINE=560 bash tools/gpu_checks.sh tests-a tests-b
 set -u
-[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-pair-table | spec-unroll | spec-why | spec-demo | spec-b64 | spec-b64-host | spec-diag | host-probe | small-mixed | spec16c | spec-cost | spec-table | rej | spec16 | spec16b | gemv | gemv-swap | gemv-pf | gemv-engine | final24 | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | final15 | attn-spills | attn-best | p1-rows | bench2 | sizes-tests | sizes-t1 | l2-table | startup | uncompiled | uncompiled-s1 | pair26 | pair26b | final26 | untuned | verify26 | verify27 | sweep17 | pair27 | pair27b | head28 | pair28 | pair28b | pair29 | pair29b | l2-30 | l2-30b | partials30 | lan31 | pdl32 | late32 | prep32 | tc32 | next37 | l2-17 | l1-17 | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-pair-table | spec-unroll | spec-why | spec-demo | spec-b64 | spec-b64-host | spec-diag | host-probe | small-mixed | spec16c | spec-cost | spec-table | rej | spec16 | spec16b | gemv | gemv-swap | gemv-pf | gemv-engine | final24 | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | final15 | attn-spills | attn-best | p1-rows | bench2 | sizes-tests | sizes-t1 | l2-table | startup | uncompiled | uncompiled-s1 | pair26 | pair26b | final26 | untuned | verify26 | verify27 | sweep17 | pair27 | pair27b | head28 | pair28 | pair28b | pair29 | pair29b | l2-30 | l2-30b | partials30 | lan31 | pdl32 | late32 | prep32 | tc32 | next37 | merge38 | merge39 | l2-17 | l1-17 | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
 OUT=${OUT:-/tmp/out}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 END=$(( $(date +%s) + ${DEADLINE:-100000} ))
@@ -1254,6 +1254,55 @@ next37)
         --workloads L2 --batch-sizes 2,4 --json "$R/l2_from${from}_$i.json" > "$R/l2_from${from}_$i.log" 2>&1
     done
   done
+  ;;
+merge38)
+  # the split merge unrolled and the seq_len load hoisted (bit-equal; predicted L1 -10 to -25 us, L2 b=8 -13 to
+  # -32 us, L1 at max_model_len 40960 (16-split FULL graphs) -20 to -50 us) against the tree before them (base38/
+  # holds that tree's two attention files: carried untracked, copied over a copy of this tree), in turns; the
+  # folded merge (GRAPHRUNNER_ATTN_FOLD_MERGE=1) again now that its merge is unrolled too
+  model
+  B=/tmp/base38tree
+  [ -d $B ] || { mkdir -p $B && cp -r graphrunner capture model_states tools $B/ && cp base38/*.py $B/graphrunner/attention/; }
+  T 80 python3 -m pytest -q -p no:cacheprovider -m "gpu or not gpu" tests/test_attention_fold_merge.py \
+    tests/test_attention_triton.py tests/test_attention_splits_env.py > "$R/pytest_attn.log" 2>&1
+  echo "pytest rc=$?" >> "$R/pytest_attn.log"
+  for t in new base; do
+    d=$PWD; [ $t = base ] && d=$B
+    (cd $d && PYTHONPATH=$d T 50 python3 tools/bench_attention_splits.py --batch-sizes 1,8 --contexts 200,330 \
+      --splits 4,5,16 --json "$R/splits_$t.json" > "$R/splits_$t.log" 2>&1)
+  done
+  for run in base_1 new_1 fold_1 base40960 new40960 base_2 new_2 fold_2; do
+    d=$PWD; f=0; long=""
+    case $run in base*) d=$B ;; esac
+    case $run in fold*) f=1 ;; esac
+    case $run in *40960) long="--max-model-len 40960" ;; esac
+    # shellcheck disable=SC2086
+    (cd $d && PYTHONPATH=$d GRAPHRUNNER_ATTN_FOLD_MERGE=$f T 75 python3 tools/bench_latency.py --model /tmp/q06 \
+      --no-peer --workloads L1,L2 --batch-sizes 8 $long --json "$R/$run.json" > "$R/$run.log" 2>&1)
+  done
+  ;;
+merge39)
+  # an empty split (a FULL graph's 16 splits at b=1 over a short context) stores no acc and the merge does not load
+  # it (bit-equal; predicted at max_model_len 40960: L1 -10 to -20 us, L2 b=8 0 to -5; at the bench's own length 0)
+  # against the tree before it (base39/: carried untracked, copied over a copy of this tree), in turns; then the
+  # 0.6B engine tests (HF's tokens, eager pieces bit-equal to eager) on this tree
+  model
+  B=/tmp/base39tree
+  [ -d $B ] || { mkdir -p $B && cp -r graphrunner capture model_states tools $B/ && cp base39/*.py $B/graphrunner/attention/; }
+  T "${MERGE39_TEST_S:-110}" python3 -m pytest -q -p no:cacheprovider -m "gpu or not gpu" -rfE \
+    tests/test_attention_triton.py tests/test_attention_fold_merge.py -k "past_the_last or nan or folded_merge_is_bit or gpu_decode or gpu_fp16" \
+    > "$R/pytest_attn.log" 2>&1
+  echo "pytest rc=$?" >> "$R/pytest_attn.log"
+  for run in ${MERGE39_RUNS:-base40960_1 new40960_1 base_1 new_1 base40960_2 new40960_2}; do
+    d=$PWD; long=""
+    case $run in base*) d=$B ;; esac
+    case $run in *40960*) long="--max-model-len 40960" ;; esac
+    # shellcheck disable=SC2086
+    (cd $d && PYTHONPATH=$d T 75 python3 tools/bench_latency.py --model /tmp/q06 --no-peer --workloads L1,L2 \
+      --batch-sizes 8 $long --json "$R/$run.json" > "$R/$run.log" 2>&1)
+  done
+  T 200 python3 -m pytest -q -p no:cacheprovider -m gpu -rfE tests/test_gpu_engine.py -k 06b > "$R/pytest_06b.log" 2>&1
+  echo "pytest rc=$?" >> "$R/pytest_06b.log"
   ;;
 uncompiled-s1)
   model
