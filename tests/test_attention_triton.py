@@ -258,6 +258,24 @@ def test_nan_in_unused_slots_does_not_poison(num_splits: int) -> None:
     check_close(out, reference(batch, 0.125), batch, f"NaN garbage splits={num_splits}")
 
 
+def test_splits_past_the_last_key_change_no_bit() -> None:
+    """A FULL graph's split count is fixed for max_model_len, so short contexts leave splits without a key: they
+    store no partial output and the merge must not read one (the workspace holds NaN from an earlier tensor here).
+    Up to 4 tiles of keys, 4 and 16 splits cut the range into the same tiles, so the outputs are the same bits."""
+    tile = triton_attention.TILE_N
+    c_lens = [1, 37, 2 * tile + 5, 4 * tile, 3 * tile - 1]
+    batch = scattered_batch([1] * len(c_lens), c_lens, 4, 2, 64, 16, torch.float32, DEVICE, garbage="nan", seed=5)
+    outs = []
+    for num_splits in (4, 16):
+        poison = torch.full((1 << 20,), float("nan"), device=DEVICE)  # freed: the workspace may reuse its memory
+        del poison
+        outs.append(unified_attention(batch.query, batch.cache, batch.meta, 0.125, num_splits=num_splits))
+    real = slice(0, batch.num_real)
+    assert bool(torch.isfinite(outs[1][real]).all())
+    assert torch.equal(outs[0][real], outs[1][real])
+    check_close(outs[1], reference(batch, 0.125), batch, "16 splits over short contexts")
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_write_kv_matches_reference(dtype: torch.dtype) -> None:
     """Scattered slots, padding (-1) interleaved; the null block and every other slot keep their contents."""
