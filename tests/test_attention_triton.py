@@ -260,8 +260,9 @@ def test_nan_in_unused_slots_does_not_poison(num_splits: int) -> None:
 
 def test_splits_past_the_last_key_change_no_bit() -> None:
     """A FULL graph's split count is fixed for max_model_len, so short contexts leave splits without a key: they
-    store no partial output and the merge must not read one (the workspace holds NaN from an earlier tensor here).
-    Up to 4 tiles of keys, 4 and 16 splits cut the range into the same tiles, so the outputs are the same bits."""
+    must add nothing to the merge, whether they store a zero partial output or none (the workspace may hold NaN
+    from an earlier tensor here). Up to 4 tiles of keys, 4 and 16 splits cut the range into the same tiles, so
+    the outputs are the same bits."""
     tile = triton_attention.TILE_N
     c_lens = [1, 37, 2 * tile + 5, 4 * tile, 3 * tile - 1]
     batch = scattered_batch([1] * len(c_lens), c_lens, 4, 2, 64, 16, torch.float32, DEVICE, garbage="nan", seed=5)

@@ -141,7 +141,7 @@ def run_ours(args: argparse.Namespace, cases: list[Case], device: torch.device, 
         need = max(c.prompt_len + c.output_len for c in cases)
         if args.max_model_len is not None and args.max_model_len < need:
             raise SystemExit(f"--max-model-len {args.max_model_len} is shorter than the workloads' {need} tokens")
-        max_len = args.max_model_len or need
+        max_len = need if args.max_model_len is None else args.max_model_len
         llm = build_ours(args.model, device, max_model_len=max_len, max_num_seqs=max(256, *(c.batch for c in cases)),
                          enforce_eager=args.enforce_eager, gpu_memory_utilization=args.gpu_memory_utilization,
                          **({} if args.compilation_config is None else {"compilation_config": args.compilation_config}))

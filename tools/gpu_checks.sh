@@ -1258,7 +1258,7 @@ next37)
 merge38)
   # the split merge unrolled and the seq_len load hoisted (bit-equal; predicted L1 -10 to -25 us, L2 b=8 -13 to
   # -32 us, L1 at max_model_len 40960 (16-split FULL graphs) -20 to -50 us) against the tree before them (base38/
-  # holds that tree's two attention files: carried untracked, copied over a copy of this tree), in turns; the
+  # held that tree's two attention files, carried untracked and not kept: rerun only with it rebuilt), in turns; the
   # folded merge (GRAPHRUNNER_ATTN_FOLD_MERGE=1) again now that its merge is unrolled too
   model
   B=/tmp/base38tree
@@ -1284,7 +1284,7 @@ merge38)
 merge39)
   # an empty split (a FULL graph's 16 splits at b=1 over a short context) stores no acc and the merge does not load
   # it (bit-equal; predicted at max_model_len 40960: L1 -10 to -20 us, L2 b=8 0 to -5; at the bench's own length 0)
-  # against the tree before it (base39/: carried untracked, copied over a copy of this tree), in turns; then the
+  # against the tree before it (base39/, committed on branch empty-splits: run this phase there), in turns; then the
   # 0.6B engine tests (HF's tokens, eager pieces bit-equal to eager) on this tree
   model
   B=/tmp/base39tree

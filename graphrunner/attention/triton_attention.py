@@ -91,7 +91,7 @@ def _unified_attention_kernel(
 
     q_start = tl.load(qsl_ptr + req)
     q_len = tl.load(qsl_ptr + req + 1) - q_start
-    seq_len = tl.load(seq_lens_ptr + req)  # with the query range, not after the test below: one round trip less
+    seq_len = tl.load(seq_lens_ptr + req)  # issued with the query range's loads, so their latencies overlap
     if q_tile * BLOCK_Q < q_len:
         ctx = seq_len - q_len                                    # cached prefix before this chunk
         m = tl.arange(0, BLOCK_M)
