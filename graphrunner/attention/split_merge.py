@@ -3,7 +3,7 @@ leaves its unnormalised output and its (max, sum) per row, and these combine the
 launch, one program per (token, head); `_merge_rows` is the same arithmetic, in the same order, for the folded merge
 (GRAPHRUNNER_ATTN_FOLD_MERGE) inside the attention kernel's last split program. The split loops are unrolled
 (static_range), so every split's loads issue together instead of one L2 round trip per split; the adds keep their
-order, so the bits do not change.
+order, so the bits do not change. A split with no key stores only its (m, l) = (-inf, 0); its acc is never read.
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ def _merge_rows(part_acc_ptr, part_ml_ptr, out_ptr, tok, head, row_ok, d, d_ok, 
         m_s = tl.load(part_ml_ptr + row.to(tl.int64) * 2, mask=row_ok, other=0.0, cache_modifier=".cg")
         l_s = tl.load(part_ml_ptr + row.to(tl.int64) * 2 + 1, mask=row_ok, other=0.0, cache_modifier=".cg")
         w = tl.where(m_s == float("-inf"), 0.0, tl.exp(m_s - m_safe))  # an empty split adds nothing
-        acc += tl.load(part_acc_ptr + row[:, None].to(tl.int64) * D_PAD + d[None, :], mask=row_ok[:, None],
-                       other=0.0, cache_modifier=".cg") * w[:, None]
+        acc += tl.load(part_acc_ptr + row[:, None].to(tl.int64) * D_PAD + d[None, :],
+                       mask=(row_ok & (m_s != float("-inf")))[:, None], other=0.0, cache_modifier=".cg") * w[:, None]
         den += l_s * w
     out = acc / tl.where(den == 0.0, 1.0, den)[:, None]
     tl.store(out_ptr + tok[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
@@ -61,7 +61,8 @@ def _merge_splits_kernel(part_acc_ptr, part_ml_ptr, out_ptr, stride_ot, stride_o
         m_s = tl.load(part_ml_ptr + row.to(tl.int64) * 2 + tl.zeros([1], tl.int32))
         l_s = tl.load(part_ml_ptr + row.to(tl.int64) * 2 + 1 + tl.zeros([1], tl.int32))
         w = tl.where(m_s == float("-inf"), 0.0, tl.exp(m_s - m_safe))  # an empty split adds nothing
-        acc += tl.load(part_acc_ptr + row.to(tl.int64) * D_PAD + d) * w
+        # an empty split stored no acc (the memory may hold NaN): read it only where m > -inf
+        acc += tl.load(part_acc_ptr + row.to(tl.int64) * D_PAD + d, mask=m_s != float("-inf"), other=0.0) * w
         den += l_s * w
     out = acc / tl.where(den == 0.0, 1.0, den)
     tl.store(out_ptr + tok * stride_ot + head * stride_oh + d, out.to(out_ptr.dtype.element_ty), mask=d < HEAD_DIM)

@@ -203,7 +203,8 @@ def _unified_attention_kernel(
         else:
             # workspace: acc [S, T, Hq, D_PAD], (m, l) [S, T, Hq, 2]
             row = (split * num_tokens + tok) * num_q_heads + head
-            tl.store(part_acc_ptr + row[:, None].to(tl.int64) * D_PAD + d[None, :], acc, mask=row_ok[:, None])
+            if lo < hi:  # an empty slice's acc is zeros the merge never reads (its m is -inf): no store
+                tl.store(part_acc_ptr + row[:, None].to(tl.int64) * D_PAD + d[None, :], acc, mask=row_ok[:, None])
             tl.store(part_ml_ptr + row.to(tl.int64) * 2, m_i, mask=row_ok)
             tl.store(part_ml_ptr + row.to(tl.int64) * 2 + 1, l_i, mask=row_ok)
             if FOLD_MERGE:  # the last of this tile's splits to finish merges them all: no merge launch
