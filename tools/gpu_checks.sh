@@ -1321,6 +1321,9 @@ ab41)
     tests/test_attention_triton.py tests/test_attention_fold_merge.py \
     -k "past_the_last or nan or folded_merge_is_bit or gpu_decode or gpu_fp16" > "$R/pytest_attn.log" 2>&1
   echo "pytest rc=$?" >> "$R/pytest_attn.log"
+  T 90 python3 -m pytest -q -p no:cacheprovider -m gpu -rfE tests/test_gpu_capture.py -k split_tier \
+    > "$R/pytest_tiers.log" 2>&1
+  echo "pytest rc=$?" >> "$R/pytest_tiers.log"
   for run in ${AB41_RUNS:-base40960_1 empty40960_1 tiers40960_1 base40960_2 empty40960_2 tiers40960_2 base_1 new_1}; do
     d=$PWD; long=""; tiers=""
     case $run in base*) d=$B ;; esac
@@ -1336,7 +1339,7 @@ ab41-tests)
   # engine tests (HF's tokens, eager pieces bit-equal to eager), then S1 warm with the tiers' extra graphs
   model
   T 200 python3 -m pytest -q -p no:cacheprovider -m "gpu or not gpu" -rfE tests/test_gpu_capture.py \
-    tests/test_capture_manager.py > "$R/pytest_capture.log" 2>&1
+    tests/test_capture_manager.py -k "not split_tier" > "$R/pytest_capture.log" 2>&1
   echo "pytest rc=$?" >> "$R/pytest_capture.log"
   T 200 python3 -m pytest -q -p no:cacheprovider -m gpu -rfE tests/test_gpu_engine.py -k 06b > "$R/pytest_06b.log" 2>&1
   echo "pytest rc=$?" >> "$R/pytest_06b.log"
