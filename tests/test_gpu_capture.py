@@ -238,9 +238,9 @@ def test_cache_hit_suffix_runs_one_mixed_graph_with_split_kv(tmp_path: Path) -> 
 def test_split_tier_graphs_serve_short_contexts_with_eagers_tokens(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """At a max_model_len whose decode graphs split 16 ways, contexts up to 256 and 512 keys replay the tier graphs
-    of fewer splits (GRAPHRUNNER_SPLIT_TIERS' default), longer ones max_model_len's, all with the eager engine's
+    of fewer splits (GRAPHRUNNER_SPLIT_TIERS=256,512), longer ones max_model_len's, all with the eager engine's
     tokens; with the tiers off only max_model_len's split graphs exist."""
-    monkeypatch.delenv("GRAPHRUNNER_SPLIT_TIERS", raising=False)
+    monkeypatch.setenv("GRAPHRUNNER_SPLIT_TIERS", "256,512")
     model_dir = make_tiny_model(tmp_path, "Qwen3ForCausalLM", max_position_embeddings=4096)
     kw = {"dtype": "float32", "max_model_len": 2048, "device": "cuda", "max_num_seqs": 4}
     eager = LLM(model=model_dir, enforce_eager=True, **kw)
