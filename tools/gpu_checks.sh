@@ -1310,13 +1310,13 @@ ab41)
   # issue 17, forty-first session: empty split programs store no acc and the merges do not read it (bit-equal;
   # predicted at max_model_len 40960: L1 -10 to -20 us) and the split tiers (GRAPHRUNNER_SPLIT_TIERS, default
   # 256,512: decode graphs of fewer splits for short contexts; predicted L1 at 40960 -20 to -40 us on top) against
-  # the tree before them (base41/ holds its four changed files, carried untracked and not kept), in turns; "empty" is
-  # the new tree with the tiers off. At the bench's own length (384) no tier applies.
+  # the tree before them, in turns; "empty" is the new tree with the tiers off. At the bench's own length (384) no
+  # tier applies. The base tree is this one with the empty-split change undone by tools/ab41_base.py, run with the
+  # tiers off (the tree before them, in code).
   model
   B=/tmp/base41tree
-  [ -d $B ] || { mkdir -p $B && cp -r graphrunner capture model_states tools $B/ \
-    && cp base41/triton_attention.py base41/split_merge.py $B/graphrunner/attention/ \
-    && cp base41/manager.py $B/capture/ && cp base41/env.py $B/graphrunner/; }
+  [ -d $B ] || { mkdir -p $B && cp -r graphrunner capture model_states tools $B/ && python3 tools/ab41_base.py $B; } \
+    || { echo "no base tree" > "$R/base.log"; rm -rf $B; }
   T "${AB41_TEST_S:-100}" python3 -m pytest -q -p no:cacheprovider -m "gpu or not gpu" -rfE \
     tests/test_attention_triton.py tests/test_attention_fold_merge.py \
     -k "past_the_last or nan or folded_merge_is_bit or gpu_decode or gpu_fp16" > "$R/pytest_attn.log" 2>&1
@@ -1326,8 +1326,7 @@ ab41)
   echo "pytest rc=$?" >> "$R/pytest_tiers.log"
   for run in ${AB41_RUNS:-base40960_1 empty40960_1 tiers40960_1 base40960_2 empty40960_2 tiers40960_2 base_1 new_1}; do
     d=$PWD; long=""; tiers=""
-    case $run in base*) d=$B ;; esac
-    case $run in empty*) tiers=off ;; esac
+    case $run in base*) d=$B; tiers=off ;; empty*) tiers=off ;; tiers*) tiers=256,512 ;; esac
     case $run in *40960*) long="--max-model-len 40960" ;; esac
     # shellcheck disable=SC2086
     (cd $d && PYTHONPATH=$d GRAPHRUNNER_SPLIT_TIERS=$tiers T 75 python3 tools/bench_latency.py --model /tmp/q06 \
