@@ -12,7 +12,7 @@ a piecewise step's per-layer attention launches from the host. A speculative eng
 come in two query lengths (the ModelState's `full_query_lens`): plain decodes (1 token a request) and
 verify steps (1 + k); their token counts tell them apart.
 
-A uniform size gets one split-KV graph per split tier (GRAPHRUNNER_SPLIT_TIERS, context lengths): a graph of
+A uniform size may get one split-KV graph per split tier (GRAPHRUNNER_SPLIT_TIERS, context lengths): a graph of
 max_model_len's splits over a short context runs mostly empty split programs, so contexts up to each tier take a
 graph with that tier's (fewer) splits, never fewer than eager's choice for the step.
 """
@@ -44,8 +44,9 @@ logger = logging.getLogger(__name__)
 FullKey = tuple[int, int, int, bool]  # (batch size, tokens, KV splits, mixed)
 SPLIT_TIERS_ENV = "GRAPHRUNNER_SPLIT_TIERS"
 # Context lengths that get their own split-KV decode graphs: at max_model_len 40960 a batch-1 graph has 16 splits,
-# and at a 200-key context 12 of them find no key (see DECISIONS.md, split tiers).
-DEFAULT_SPLIT_TIERS = (256, 512)
+# and at a 200-key context 12 of them find no key (see DECISIONS.md, split tiers). None by default until a GPU run
+# measures them (gpu_checks.sh ab41 runs GRAPHRUNNER_SPLIT_TIERS=256,512 against off).
+DEFAULT_SPLIT_TIERS: tuple[int, ...] = ()
 
 
 class CaptureManager:

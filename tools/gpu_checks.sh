@@ -91,7 +91,7 @@
 # limit so the last phase still ends (and is tarred) inside the device call:
 #   DEADLINE=560 bash tools/gpu_checks.sh tests-a tests-b
 set -u
-[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-pair-table | spec-unroll | spec-why | spec-demo | spec-b64 | spec-b64-host | spec-diag | host-probe | small-mixed | spec16c | spec-cost | spec-table | rej | spec16 | spec16b | gemv | gemv-swap | gemv-pf | gemv-engine | final24 | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | final15 | attn-spills | attn-best | p1-rows | bench2 | sizes-tests | sizes-t1 | l2-table | startup | uncompiled | uncompiled-s1 | pair26 | pair26b | final26 | untuned | verify26 | verify27 | sweep17 | pair27 | pair27b | head28 | pair28 | pair28b | pair29 | pair29b | l2-30 | l2-30b | partials30 | lan31 | pdl32 | late32 | prep32 | tc32 | next37 | merge38 | merge39 | ab41 | ab41-tests | l2-17 | l1-17 | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-pair-table | spec-unroll | spec-why | spec-demo | spec-b64 | spec-b64-host | spec-diag | host-probe | small-mixed | spec16c | spec-cost | spec-table | rej | spec16 | spec16b | gemv | gemv-swap | gemv-pf | gemv-engine | final24 | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | final15 | attn-spills | attn-best | p1-rows | bench2 | sizes-tests | sizes-t1 | l2-table | startup | uncompiled | uncompiled-s1 | pair26 | pair26b | final26 | untuned | verify26 | verify27 | sweep17 | pair27 | pair27b | head28 | pair28 | pair28b | pair29 | pair29b | l2-30 | l2-30b | partials30 | lan31 | pdl32 | late32 | prep32 | tc32 | next37 | merge38 | ab41 | ab41-tests | l2-17 | l1-17 | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
 OUT=${OUT:-/tmp/out}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 END=$(( $(date +%s) + ${DEADLINE:-100000} ))
@@ -1283,33 +1283,10 @@ merge38)
       --no-peer --workloads L1,L2 --batch-sizes 8 $long --json "$R/$run.json" > "$R/$run.log" 2>&1)
   done
   ;;
-merge39)
-  # an empty split (a FULL graph's 16 splits at b=1 over a short context) stores no acc and the merge does not load
-  # it (bit-equal; predicted at max_model_len 40960: L1 -10 to -20 us, L2 b=8 0 to -5; at the bench's own length 0)
-  # against the tree before it (base39/, committed on branch empty-splits: run this phase there), in turns; then the
-  # 0.6B engine tests (HF's tokens, eager pieces bit-equal to eager) on this tree
-  model
-  B=/tmp/base39tree
-  [ -d $B ] || { mkdir -p $B && cp -r graphrunner capture model_states tools $B/ && cp base39/*.py $B/graphrunner/attention/; }
-  T "${MERGE39_TEST_S:-110}" python3 -m pytest -q -p no:cacheprovider -m "gpu or not gpu" -rfE \
-    tests/test_attention_triton.py tests/test_attention_fold_merge.py -k "past_the_last or nan or folded_merge_is_bit or gpu_decode or gpu_fp16" \
-    > "$R/pytest_attn.log" 2>&1
-  echo "pytest rc=$?" >> "$R/pytest_attn.log"
-  for run in ${MERGE39_RUNS:-base40960_1 new40960_1 base_1 new_1 base40960_2 new40960_2}; do
-    d=$PWD; long=""
-    case $run in base*) d=$B ;; esac
-    case $run in *40960*) long="--max-model-len 40960" ;; esac
-    # shellcheck disable=SC2086
-    (cd $d && PYTHONPATH=$d T 75 python3 tools/bench_latency.py --model /tmp/q06 --no-peer --workloads L1,L2 \
-      --batch-sizes 8 $long --json "$R/$run.json" > "$R/$run.log" 2>&1)
-  done
-  T 200 python3 -m pytest -q -p no:cacheprovider -m gpu -rfE tests/test_gpu_engine.py -k 06b > "$R/pytest_06b.log" 2>&1
-  echo "pytest rc=$?" >> "$R/pytest_06b.log"
-  ;;
 ab41)
   # issue 17, forty-first session: empty split programs store no acc and the merges do not read it (bit-equal;
-  # predicted at max_model_len 40960: L1 -10 to -20 us) and the split tiers (GRAPHRUNNER_SPLIT_TIERS, default
-  # 256,512: decode graphs of fewer splits for short contexts; predicted L1 at 40960 -20 to -40 us on top) against
+  # predicted at max_model_len 40960: L1 -10 to -20 us) and the split tiers (GRAPHRUNNER_SPLIT_TIERS=256,512, off by
+  # default: decode graphs of fewer splits for short contexts; predicted L1 at 40960 -20 to -40 us on top) against
   # the tree before them, in turns; "empty" is the new tree with the tiers off. At the bench's own length (384) no
   # tier applies. The base tree is this one with the empty-split change undone by tools/ab41_base.py, run with the
   # tiers off (the tree before them, in code).
@@ -1335,7 +1312,7 @@ ab41)
   ;;
 ab41-tests)
   # (warm, after ab41) the GPU tests of the two changes: the capture tests (split tier graphs included), the 0.6B
-  # engine tests (HF's tokens, eager pieces bit-equal to eager), then S1 warm with the tiers' extra graphs
+  # engine tests (HF's tokens, eager pieces bit-equal to eager), then S1 warm with the tiers' extra graphs (on here)
   model
   T 200 python3 -m pytest -q -p no:cacheprovider -m "gpu or not gpu" -rfE tests/test_gpu_capture.py \
     tests/test_capture_manager.py -k "not split_tier" > "$R/pytest_capture.log" 2>&1
@@ -1343,8 +1320,8 @@ ab41-tests)
   T 200 python3 -m pytest -q -p no:cacheprovider -m gpu -rfE tests/test_gpu_engine.py -k 06b > "$R/pytest_06b.log" 2>&1
   echo "pytest rc=$?" >> "$R/pytest_06b.log"
   export PYTHONPYCACHEPREFIX=/tmp/pyc && python3 -c "from graphrunner import LLM" 2>/dev/null
-  GRAPHRUNNER_LOG_LEVEL=INFO T 200 python3 tools/bench_startup.py --model /tmp/q06 --steps precompile,warm,warm \
-    --json "$R/s1.json" > "$R/s1.log" 2>&1
+  GRAPHRUNNER_SPLIT_TIERS=256,512 GRAPHRUNNER_LOG_LEVEL=INFO T 200 python3 tools/bench_startup.py --model /tmp/q06 \
+    --steps precompile,warm,warm --json "$R/s1.json" > "$R/s1.log" 2>&1
   ;;
 uncompiled-s1)
   model
