@@ -15,6 +15,7 @@ from tiny_models import make_tiny_model
 
 from capture.manager import CaptureManager
 from graphrunner import LLM, SamplingParams
+from graphrunner.attention import triton_attention
 from graphrunner.attention.triton_attention import choose_num_splits
 from graphrunner.config import ModelConfig
 from graphrunner.input_prep import StepBuffers
@@ -89,6 +90,35 @@ def test_full_decode_body_with_padding_rows_matches_eager(model_dir: Path) -> No
     assert got == expected
     state = runner.state
     assert int(state.num_tokens[state.padding_row]) == 1 and int(state.num_computed[state.padding_row]) == 0
+
+
+def test_split_tier_bodies_give_eagers_tokens(model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The FULL decode bodies of every split tier (run without a graph) give the eager engine's tokens over
+    contexts that cross a tier's edge, and each tier is planned. The split thresholds are scaled down (16 keys a
+    split, 32-key tiles) so that the interpreter's contexts stay short."""
+    monkeypatch.setattr(triton_attention, "SPLIT_MIN_SEQ_LEN", 16)
+    monkeypatch.setattr(triton_attention, "SPLIT_MIN_KEYS", 16)
+    monkeypatch.setattr(triton_attention, "TILE_N", 32)
+    monkeypatch.setenv("GRAPHRUNNER_SPLIT_TIERS", "32")
+    kwargs: dict[str, Any] = {"num_gpu_blocks_override": 40, "max_model_len": 64, "attention_backend": "triton",
+                              "max_num_seqs": 2}
+    rng = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, 500, (27,), generator=rng).tolist()]  # its decodes cross 32 keys
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    expected = [o.outputs[0].token_ids for o in LLM(model=model_dir, **kwargs).generate(prompts, params)]
+    llm = LLM(model=model_dir, **kwargs)
+    runner = llm.engine.runner
+    manager = _GraphlessFull(runner.model_state, runner.buffers, None, [1, 2], [], runner.max_model_len)
+    manager.bodies = runner.capture_bodies()
+    runner.graphs = manager
+    tiers = manager.split_tiers(1, 1)
+    assert tiers == (2, 4), tiers  # 2 KV heads, one split per 16 keys: 2 up to 32 keys, 4 up to 64
+    seen: list[int] = []
+    replay = manager.replay_full
+    monkeypatch.setattr(manager, "replay_full", lambda plan: (seen.append(plan.num_splits), replay(plan))[1])
+    got = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+    assert got == expected
+    assert set(tiers) <= set(seen), sorted(set(seen))
 
 
 def test_plan_mixed_full_for_small_batches_with_prefill() -> None:
