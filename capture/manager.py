@@ -90,7 +90,7 @@ class CaptureManager:
             tiers = [s] if (s := self._long_splits(num_reqs, query_len)) > 1 else []
             for length in sorted(self.split_tier_lens, reverse=True):
                 s = self._long_splits(num_reqs, query_len, length)
-                if tiers and length < self.max_model_len and 1 < s <= tiers[0] // 2:
+                if tiers and 1 < s <= tiers[0] // 2:  # (a length >= max_model_len has the last's splits: never)
                     tiers.insert(0, s)
             self._tiers[key] = tuple(tiers)
         return self._tiers[key]
