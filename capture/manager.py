@@ -11,10 +11,6 @@ suffix) have mixed graphs per (batch size, token bucket), so a short prefill cos
 a piecewise step's per-layer attention launches from the host. A speculative engine's uniform graphs
 come in two query lengths (the ModelState's `full_query_lens`): plain decodes (1 token a request) and
 verify steps (1 + k); their token counts tell them apart.
-
-A uniform size may get one split-KV graph per split tier (GRAPHRUNNER_SPLIT_TIERS, context lengths): a graph of
-max_model_len's splits over a short context runs mostly empty split programs, so contexts up to each tier take a
-graph with that tier's (fewer) splits, never fewer than eager's choice for the step.
 """
 
 from __future__ import annotations
@@ -33,7 +29,6 @@ import torch
 from capture import cuda_piece
 from capture.cuda_piece import GraphPiece, fast_capture, piecewise_graphs, weak_alias
 from graphrunner.attention.triton_attention import choose_num_splits, query_tiles
-from graphrunner.env import env_ints
 from graphrunner.input_prep import StepBuffers
 from graphrunner.models.gemv import MAX_M as SMALL_M_TOKENS
 from graphrunner.step_plan import StepBodies, StepMode, StepPlan
@@ -42,11 +37,6 @@ from model_states.base import ModelState
 logger = logging.getLogger(__name__)
 
 FullKey = tuple[int, int, int, bool]  # (batch size, tokens, KV splits, mixed)
-SPLIT_TIERS_ENV = "GRAPHRUNNER_SPLIT_TIERS"
-# Context lengths that get their own split-KV decode graphs: at max_model_len 40960 a batch-1 graph has 16 splits,
-# and at a 200-key context 12 of them find no key (see DECISIONS.md, split tiers). None by default until a GPU run
-# measures them (gpu_checks.sh ab41 runs GRAPHRUNNER_SPLIT_TIERS=256,512 against off).
-DEFAULT_SPLIT_TIERS: tuple[int, ...] = ()
 
 
 class CaptureManager:
@@ -71,29 +61,12 @@ class CaptureManager:
         self.full_warmup_seconds = 0.0  # the part spent in the FULL graphs' warm-up steps (before each record)
         self.mode_counts: Counter[StepMode] = Counter()  # steps planned per mode (tests and benchmarks read it)
         self.mixed_steps = 0  # FULL steps that used a mixed graph
-        self.split_tier_lens = env_ints(SPLIT_TIERS_ENV, DEFAULT_SPLIT_TIERS, valid=lambda v: v > 0,
-                                        rule="> 0 (context lengths)")
-        self._tiers: dict[tuple[int, int], tuple[int, ...]] = {}
 
     # -- dispatch ----------------------------------------------------------------------------
     def _long_splits(self, num_reqs: int, max_query_len: int = 1, max_seq_len: int | None = None) -> int:
         """KV splits the attention grid of this shape gets at max_seq_len (default: the longest context)."""
         tiles = num_reqs * query_tiles(max_query_len, self.model_state.config.num_heads // self.num_kv_heads)
         return choose_num_splits(tiles, self.num_kv_heads, self.max_model_len if max_seq_len is None else max_seq_len)
-
-    def split_tiers(self, num_reqs: int, query_len: int) -> tuple[int, ...]:
-        """Ascending split counts of the uniform graphs of this size beyond its 1-split one (empty: none; the last
-        is max_model_len's). A tier's graph is kept only at no more than half the next one's splits: a nearer
-        count would save little and still cost a capture."""
-        key = (num_reqs, query_len)
-        if key not in self._tiers:
-            tiers = [s] if (s := self._long_splits(num_reqs, query_len)) > 1 else []
-            for length in sorted(self.split_tier_lens, reverse=True):
-                s = self._long_splits(num_reqs, query_len, length)
-                if tiers and 1 < s <= tiers[0] // 2:  # (a length >= max_model_len has the last's splits: never)
-                    tiers.insert(0, s)
-            self._tiers[key] = tuple(tiers)
-        return self._tiers[key]
 
     def full_keys(self) -> list[FullKey]:
         """(batch size, tokens, KV splits, mixed) of every FULL graph, largest first (smaller graphs reuse
@@ -102,7 +75,7 @@ class CaptureManager:
         keys: list[FullKey] = []
         for q in self.model_state.full_query_lens:
             keys += [(p, p * q, 1, False) for p in self.full_sizes]
-            keys += [(p, p * q, s, False) for p in self.full_sizes for s in self.split_tiers(p, q)]
+            keys += [(p, p * q, s, False) for p in self.full_sizes if (s := self._long_splits(p, q)) > 1]
         keys += [(p, t, self._long_splits(p, t), True) for p, t in self.mixed_sizes]
         return sorted(keys, key=lambda k: (k[1], k[0], k[2]), reverse=True)
 
@@ -121,9 +94,7 @@ class CaptureManager:
         if (full_ok and q in self.model_state.full_query_lens and p is not None
                 and (full_max_reqs is None or p <= full_max_reqs)):
             want = self._long_splits(p, q, max_seq_len)  # the same tiles as the captured graphs count
-            tiers = self.split_tiers(p, q)
-            splits = next((s for s in tiers if s >= want), tiers[-1]) if want > 1 and tiers else 1
-            return StepPlan(StepMode.FULL, p, p * q, splits)
+            return StepPlan(StepMode.FULL, p, p * q, self._long_splits(p, q) if want > 1 else 1)
         # A step of <= MAX_M tokens takes only a mixed graph of the size its piecewise bucket pads it to (the next
         # power of two): padded further (into 64 tokens) its linears would leave the small-M GEMV, or cross a
         # weight's GEMV limit, and its bits would differ from eager's.

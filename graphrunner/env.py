@@ -31,23 +31,3 @@ def env_choice(name: str, choices: tuple[str, ...], default: str) -> str:
     if value not in choices:
         raise ValueError(f"{name} must be one of {', '.join(choices)}, got {value!r}")
     return value
-
-
-def env_ints(name: str, default: tuple[int, ...], *, valid: Callable[[int], bool] = lambda _: True,
-             rule: str = "") -> tuple[int, ...]:
-    """$name as comma-separated integers, sorted and deduplicated (`default` when unset or empty; "off" or "none":
-    no values); a ValueError naming the variable, the rule and the value when an entry does not parse or is not
-    `valid`."""
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    if raw.lower() in ("off", "none"):
-        return ()
-    error = ValueError(f"{name} must be comma-separated integers{' ' + rule if rule else ''}, or off; got {raw!r}")
-    try:
-        values = [int(part) for part in raw.split(",")]
-    except ValueError:
-        raise error from None
-    if not all(valid(v) for v in values):
-        raise error
-    return tuple(sorted(set(values)))

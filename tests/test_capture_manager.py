@@ -5,7 +5,6 @@ pointing at the padding row) gives the same tokens as the eager step.
 
 from __future__ import annotations
 
-from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -92,18 +91,19 @@ def test_full_decode_body_with_padding_rows_matches_eager(model_dir: Path) -> No
     assert int(state.num_tokens[state.padding_row]) == 1 and int(state.num_computed[state.padding_row]) == 0
 
 
-def test_split_tier_bodies_give_eagers_tokens(model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The FULL decode bodies of every split tier (run without a graph) give the eager engine's tokens over
-    contexts that cross a tier's edge, and each tier is planned. The split thresholds are scaled down (16 keys a
+def test_split_body_over_short_contexts_gives_eagers_tokens(model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The split-KV FULL decode body (max_model_len's splits, run without a graph) over contexts shorter than its
+    splits cover, so that its last split programs find no key (they store nothing; the merge skips them), gives
+    the eager engine's tokens, which split by the real context. The split thresholds are scaled down (16 keys a
     split, 32-key tiles) so that the interpreter's contexts stay short."""
     monkeypatch.setattr(triton_attention, "SPLIT_MIN_SEQ_LEN", 16)
     monkeypatch.setattr(triton_attention, "SPLIT_MIN_KEYS", 16)
     monkeypatch.setattr(triton_attention, "TILE_N", 32)
-    monkeypatch.setenv("GRAPHRUNNER_SPLIT_TIERS", "32")
     kwargs: dict[str, Any] = {"num_gpu_blocks_override": 40, "max_model_len": 64, "attention_backend": "triton",
                               "max_num_seqs": 2}
     rng = torch.Generator().manual_seed(3)
-    prompts = [torch.randint(0, 500, (27,), generator=rng).tolist()]  # its decodes cross 32 keys
+    # decodes at 27-34 keys: 32-key slices, so 2-3 of the 4 splits are empty
+    prompts = [torch.randint(0, 500, (27,), generator=rng).tolist()]
     params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     expected = [o.outputs[0].token_ids for o in LLM(model=model_dir, **kwargs).generate(prompts, params)]
     llm = LLM(model=model_dir, **kwargs)
@@ -111,14 +111,12 @@ def test_split_tier_bodies_give_eagers_tokens(model_dir: Path, monkeypatch: pyte
     manager = _GraphlessFull(runner.model_state, runner.buffers, None, [1, 2], [], runner.max_model_len)
     manager.bodies = runner.capture_bodies()
     runner.graphs = manager
-    tiers = manager.split_tiers(1, 1)
-    assert tiers == (2, 4), tiers  # 2 KV heads, one split per 16 keys: 2 up to 32 keys, 4 up to 64
     seen: list[int] = []
     replay = manager.replay_full
     monkeypatch.setattr(manager, "replay_full", lambda plan: (seen.append(plan.num_splits), replay(plan))[1])
     got = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
     assert got == expected
-    assert set(tiers) <= set(seen), sorted(set(seen))
+    assert set(seen) == {4}, seen  # 2 KV heads, one split per 16 keys of max_model_len 64
 
 
 def test_plan_mixed_full_for_small_batches_with_prefill() -> None:
@@ -184,52 +182,3 @@ def test_mixed_full_body_matches_eager(model_dir: Path) -> None:
     assert out.num_cached_tokens == 16 and manager.mixed_steps == mixed + 1
     assert manager.mode_counts[StepMode.EAGER] == eager
     assert out.outputs[0].token_ids == LLM(model=model_dir, **kwargs).generate([short], params)[0].outputs[0].token_ids
-
-
-def _qwen_like_manager(max_model_len: int) -> CaptureManager:
-    """Qwen3-0.6B's heads (16 q, 8 kv): where the split tiers were measured."""
-    cfg = ModelConfig("LlamaForCausalLM", vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=1,
-                      num_heads=16, num_kv_heads=8, head_dim=4)
-    return CaptureManager(LlamaModelState(cfg), StepBuffers(32, 64, 4, torch.device("cpu")), [], [1, 2, 4, 8],
-                          [1, 2, 4, 8], max_model_len=max_model_len)
-
-
-def test_split_tiers_keep_only_counts_at_most_half_the_next(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("GRAPHRUNNER_SPLIT_TIERS", "256,512")
-    m = _qwen_like_manager(40960)
-    for p in (1, 2, 4, 8):
-        tiers = m.split_tiers(p, 1)
-        long = choose_num_splits(p, 8, 40960)
-        assert tiers[-1] == long and list(tiers) == sorted(set(tiers))
-        assert all(a <= b // 2 for a, b in pairwise(tiers)), (p, tiers)
-        candidates = {choose_num_splits(p, 8, n) for n in (256, 512)}
-        assert set(tiers[:-1]) <= candidates, (p, tiers)
-        assert {(p, p, s, False) for s in tiers} <= set(m.full_keys())
-    assert m.split_tiers(1, 1) == (4, 8, 16) and m.split_tiers(4, 1) == (4, 9) and m.split_tiers(8, 1) == (5,)
-
-
-@pytest.mark.parametrize("seq_len", [1, 127, 128, 200, 256, 257, 300, 512, 513, 4000, 40960])
-def test_a_step_takes_the_fewest_tier_splits_not_below_eagers(seq_len: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("GRAPHRUNNER_SPLIT_TIERS", "256,512")
-    m = _qwen_like_manager(40960)
-    for p in (1, 2, 4, 8):
-        plan = m.plan(p, p, seq_len, True)
-        want = choose_num_splits(p, 8, seq_len)  # eager's choice for this step (decode: one query tile a request)
-        if want == 1:
-            assert plan.num_splits == 1
-            continue
-        assert plan.num_splits >= want, (p, seq_len, plan)
-        assert plan.num_splits == min(s for s in m.split_tiers(p, 1) if s >= want)
-        assert (p, p, plan.num_splits, False) in m.full_keys()
-
-
-def test_split_tiers_off_and_bad_values(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("GRAPHRUNNER_SPLIT_TIERS", "off")
-    m = _qwen_like_manager(40960)
-    assert m.split_tiers(1, 1) == (16,) and m.plan(1, 1, 200, True).num_splits == 16
-    monkeypatch.setenv("GRAPHRUNNER_SPLIT_TIERS", "256,abc")
-    with pytest.raises(ValueError, match="GRAPHRUNNER_SPLIT_TIERS must be comma-separated integers"):
-        _qwen_like_manager(40960)
-    monkeypatch.setenv("GRAPHRUNNER_SPLIT_TIERS", "256,1024")
-    short = _qwen_like_manager(384)  # a tier at or above max_model_len adds nothing
-    assert short.split_tiers(1, 1) == (choose_num_splits(1, 8, 384),)

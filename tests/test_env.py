@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from graphrunner.env import env_choice, env_ints, env_number
+from graphrunner.env import env_choice, env_number
 
 NAME = "GRAPHRUNNER_TEST_SWITCH"
 
@@ -66,20 +66,3 @@ def test_gc_freeze_switch(value: str, frozen: bool | None) -> None:
     else:
         assert got.returncode == 0, got.stderr[-2000:]
         assert f"FROZEN {frozen} 2" in got.stdout
-
-
-@pytest.mark.parametrize(("raw", "want"), [(None, (2, 5)), ("", (2, 5)), ("off", ()), ("None", ()),
-                                           ("512, 256", (256, 512)), ("7,7", (7,)), (" 9 ", (9,))])
-def test_integer_lists(raw: str | None, want: tuple[int, ...], monkeypatch: pytest.MonkeyPatch) -> None:
-    if raw is None:
-        monkeypatch.delenv(NAME, raising=False)
-    else:
-        monkeypatch.setenv(NAME, raw)
-    assert env_ints(NAME, (2, 5), valid=lambda v: v > 0) == want
-
-
-@pytest.mark.parametrize("raw", ["x", "1,,2", "3,0", "1.5", "-4"])
-def test_bad_integer_lists_name_the_variable(raw: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(NAME, raw)
-    with pytest.raises(ValueError, match=rf"^{NAME} must be comma-separated integers > 0, or off; got '{raw}'$"):
-        env_ints(NAME, (), valid=lambda v: v > 0, rule="> 0")

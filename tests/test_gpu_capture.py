@@ -233,31 +233,3 @@ def test_cache_hit_suffix_runs_one_mixed_graph_with_split_kv(tmp_path: Path) -> 
         assert out.num_cached_tokens == 1488
         assert manager.mixed_steps == mixed + 1 and manager.mode_counts[StepMode.PIECEWISE] == piecewise, n
         assert out.outputs[0].token_ids == eager.generate([short], _greedy())[0].outputs[0].token_ids, n
-
-
-def test_split_tier_graphs_serve_short_contexts_with_eagers_tokens(tmp_path: Path,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    """At a max_model_len whose decode graphs split 16 ways, contexts up to 256 and 512 keys replay the tier graphs
-    of fewer splits (GRAPHRUNNER_SPLIT_TIERS=256,512), longer ones max_model_len's, all with the eager engine's
-    tokens; with the tiers off only max_model_len's split graphs exist."""
-    monkeypatch.setenv("GRAPHRUNNER_SPLIT_TIERS", "256,512")
-    model_dir = make_tiny_model(tmp_path, "Qwen3ForCausalLM", max_position_embeddings=4096)
-    kw = {"dtype": "float32", "max_model_len": 2048, "device": "cuda", "max_num_seqs": 4}
-    eager = LLM(model=model_dir, enforce_eager=True, **kw)
-    full = LLM(model=model_dir, **kw)
-    manager = full.engine.runner.graphs
-    tiers = manager.split_tiers(1, 1)
-    assert len(tiers) == 3 and tiers[-1] == 16, tiers
-    seen: list[int] = []
-    replay = manager.replay_full
-    monkeypatch.setattr(manager, "replay_full", lambda plan: (seen.append(plan.num_splits), replay(plan))[1])
-    rng = random.Random(11)
-    for lengths in ([150], [300], [700], [150, 300, 40]):
-        prompts = [[rng.randrange(512) for _ in range(n)] for n in lengths]
-        want = [o.outputs[0].token_ids for o in eager.generate(prompts, _greedy())]
-        assert [o.outputs[0].token_ids for o in full.generate(prompts, _greedy())] == want, lengths
-    assert set(tiers) <= set(seen), (tiers, sorted(set(seen)))
-    monkeypatch.setenv("GRAPHRUNNER_SPLIT_TIERS", "off")
-    off = LLM(model=model_dir, **kw).engine.runner.graphs
-    assert off.split_tiers(1, 1) == (16,)
-    assert {k[2] for k in off.full_keys() if not k[3]} == {1} | {s for p in off.full_sizes for s in off.split_tiers(p, 1)}

@@ -77,8 +77,8 @@
 #                                       # (GRAPHRUNNER_ATTN_DECODE_PREP) at 4 and 8 warps: tests on CUDA, L1/L2 in turns
 #   bash tools/gpu_checks.sh tc32       # issue 17: other tensor-core shapes for gate-up and qkv at 2-8 tokens (more,
 #                                       # smaller programs), L2 at batch 8 per table in turns
-#   bash tools/gpu_checks.sh ab41       # issue 17: empty split programs skip their store, split tier graphs: A/B
-#                                       # at max_model_len 40960 and 384 in turns (then ab41-tests: GPU tests, S1)
+#   bash tools/gpu_checks.sh ab41       # issue 17: empty split programs skip their store: A/B at max_model_len
+#                                       # 40960 and 384 in turns (then ab41-tests: GPU tests, S1)
 #   bash tools/gpu_checks.sh next37     # after eager pieces became the default: the 0.6B engine tests under it, S1
 #                                       # warm of the default (twice), L2 at batch 2 and 4 with PDL late from 2 vs 5
 #   bash tools/gpu_checks.sh serve      # offline L1 and T1, then SV1 with the engine loop in a process (needs .whl/)
@@ -1285,11 +1285,8 @@ merge38)
   ;;
 ab41)
   # issue 17, forty-first session: empty split programs store no acc and the merges do not read it (bit-equal;
-  # predicted at max_model_len 40960: L1 -10 to -20 us) and the split tiers (GRAPHRUNNER_SPLIT_TIERS=256,512, off by
-  # default: decode graphs of fewer splits for short contexts; predicted L1 at 40960 -20 to -40 us on top) against
-  # the tree before them, in turns; "empty" is the new tree with the tiers off. At the bench's own length (384) no
-  # tier applies. The base tree is this one with the empty-split change undone by tools/ab41_base.py, run with the
-  # tiers off (the tree before them, in code).
+  # predicted at max_model_len 40960: L1 -10 to -20 us; measured in the forty-second session: -18 us) against the
+  # tree before, in turns. The base tree is this one with the change undone by tools/ab41_base.py.
   model
   B=/tmp/base41tree
   [ -d $B ] || { mkdir -p $B && cp -r graphrunner capture model_states tools $B/ && python3 tools/ab41_base.py $B; } \
@@ -1298,29 +1295,25 @@ ab41)
     tests/test_attention_triton.py tests/test_attention_fold_merge.py \
     -k "past_the_last or nan or folded_merge_is_bit or gpu_decode or gpu_fp16" > "$R/pytest_attn.log" 2>&1
   echo "pytest rc=$?" >> "$R/pytest_attn.log"
-  T 90 python3 -m pytest -q -p no:cacheprovider -m gpu -rfE tests/test_gpu_capture.py -k split_tier \
-    > "$R/pytest_tiers.log" 2>&1
-  echo "pytest rc=$?" >> "$R/pytest_tiers.log"
-  for run in ${AB41_RUNS:-base40960_1 empty40960_1 tiers40960_1 base40960_2 empty40960_2 tiers40960_2 base_1 new_1}; do
-    d=$PWD; long=""; tiers=""
-    case $run in base*) d=$B; tiers=off ;; empty*) tiers=off ;; tiers*) tiers=256,512 ;; esac
+  for run in ${AB41_RUNS:-base40960_1 new40960_1 base40960_2 new40960_2 base_1 new_1}; do
+    d=$PWD; long=""
+    case $run in base*) d=$B ;; esac
     case $run in *40960*) long="--max-model-len 40960" ;; esac
     # shellcheck disable=SC2086
-    (cd $d && PYTHONPATH=$d GRAPHRUNNER_SPLIT_TIERS=$tiers T 75 python3 tools/bench_latency.py --model /tmp/q06 \
+    (cd $d && PYTHONPATH=$d T 75 python3 tools/bench_latency.py --model /tmp/q06 \
       --no-peer --workloads L1,L2 --batch-sizes 8 $long --json "$R/$run.json" > "$R/$run.log" 2>&1)
   done
   ;;
 ab41-tests)
-  # (warm, after ab41) the GPU tests of the two changes: the capture tests (split tier graphs included), the 0.6B
-  # engine tests (HF's tokens, eager pieces bit-equal to eager), then S1 warm with the tiers' extra graphs (on here)
+  # (warm, after ab41) the GPU tests around the change: the capture tests, the 0.6B engine tests (HF's tokens,
+  # eager pieces bit-equal to eager), then S1 warm
   model
-  T 200 python3 -m pytest -q -p no:cacheprovider -m "gpu or not gpu" -rfE tests/test_gpu_capture.py \
-    tests/test_capture_manager.py -k "not split_tier" > "$R/pytest_capture.log" 2>&1
+  T 200 python3 -m pytest -q -p no:cacheprovider -m gpu -rfE tests/test_gpu_capture.py > "$R/pytest_capture.log" 2>&1
   echo "pytest rc=$?" >> "$R/pytest_capture.log"
   T 200 python3 -m pytest -q -p no:cacheprovider -m gpu -rfE tests/test_gpu_engine.py -k 06b > "$R/pytest_06b.log" 2>&1
   echo "pytest rc=$?" >> "$R/pytest_06b.log"
   export PYTHONPYCACHEPREFIX=/tmp/pyc && python3 -c "from graphrunner import LLM" 2>/dev/null
-  GRAPHRUNNER_SPLIT_TIERS=256,512 GRAPHRUNNER_LOG_LEVEL=INFO T 200 python3 tools/bench_startup.py --model /tmp/q06 \
+  GRAPHRUNNER_LOG_LEVEL=INFO T 200 python3 tools/bench_startup.py --model /tmp/q06 \
     --steps precompile,warm,warm --json "$R/s1.json" > "$R/s1.log" 2>&1
   ;;
 uncompiled-s1)
