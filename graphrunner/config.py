@@ -368,5 +368,8 @@ class EngineConfig:
         if not self.torch_compile and self.cudagraph_mode in PIECEWISE_MODES and not self.enforce_eager:
             raise ValueError(f"cudagraph_mode={self.cudagraph_mode!r} needs the compiled model (its piecewise graphs "
                              f"are of compiled pieces): without compilation use cudagraph_mode='full' or 'none'")
-        if self.attention_backend == "triton" and self.device.type != "cuda" and not os.environ.get("TRITON_INTERPRET"):
-            raise ValueError("attention_backend='triton' on CPU needs TRITON_INTERPRET=1 (Triton's interpreter)")
+        if self.device.type != "cuda" and not os.environ.get("TRITON_INTERPRET"):
+            if self.attention_backend == "triton":
+                raise ValueError("attention_backend='triton' on CPU needs TRITON_INTERPRET=1 (Triton's interpreter)")
+            if self.use_triton:
+                raise ValueError("use_triton=True on CPU needs TRITON_INTERPRET=1 (Triton's interpreter)")

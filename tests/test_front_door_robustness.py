@@ -329,6 +329,19 @@ def test_bad_engine_arguments_are_refused(model_dir: Path, llm: LLM, baseline: B
     assert_healthy(llm, baseline)
 
 
+@pytest.mark.parametrize(("kwargs", "match"), [({"attention_backend": "triton"}, "attention_backend='triton' on CPU"),
+                                               ({"use_triton": True}, "use_triton=True on CPU")])
+def test_triton_on_cpu_without_the_interpreter_is_refused(model_dir: Path, llm: LLM, baseline: Baseline,
+                                                          kwargs: dict[str, Any], match: str,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Triton kernels on CPU tensors run only under Triton's interpreter: without it the engine refuses at
+    construction (a clear error) instead of failing inside the first kernel launch."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ValueError, match=match + r" needs TRITON_INTERPRET=1"):
+        LLM(model=model_dir, num_gpu_blocks_override=64, max_model_len=128, device="cpu", **kwargs)
+    assert_healthy(llm, baseline)
+
+
 def test_a_hub_id_is_refused_without_downloading(llm: LLM, baseline: Baseline) -> None:
     with pytest.raises(ValueError, match="'Qwen/Qwen3-0.6B' is not a local directory; graphrunner downloads nothing"):
         LLM(model="Qwen/Qwen3-0.6B")
