@@ -9,12 +9,14 @@ import torch
 from graphrunner.attention.testing import contiguous_batch
 from graphrunner.attention.triton_attention import unified_attention
 
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # (Triton's CPU interpreter is off on a CUDA machine)
+
 
 def _case() -> tuple:
     torch.manual_seed(0)
-    meta, cache = contiguous_batch([1, 5, 2], [3, 5, 20], 1, 2, 16, 16, torch.float32, "cpu")
+    meta, cache = contiguous_batch([1, 5, 2], [3, 5, 20], 1, 2, 16, 16, torch.float32, DEVICE)
     cache.normal_()
-    q = torch.randn(meta.num_tokens, 4, 16)
+    q = torch.randn(meta.num_tokens, 4, 16, device=DEVICE)
     return q, cache[0].contiguous(), meta
 
 

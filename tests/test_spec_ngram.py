@@ -10,6 +10,9 @@ import torch
 
 from graphrunner.spec_decode.ngram import propose_ngram, propose_ngram_ref, propose_ngram_triton
 
+# the Triton kernel's device: CUDA where there is one (Triton's CPU interpreter is then off), else CPU tensors
+KERNEL_DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
 _NS = [(1, 1), (1, 3), (2, 4)]
 _KS = [1, 3, 5]
 _VOCAB = 5  # small: matches are frequent
@@ -58,7 +61,8 @@ def _check_all(idx_mapping: torch.Tensor, token_ids: torch.Tensor, num_tokens: t
                min_n: int, max_n: int, k: int, blocks: tuple[int, ...] = (16, 256)) -> None:
     want_d, want_n = _expected(hists, min_n, max_n, k)
     got = [propose_ngram_ref(idx_mapping, token_ids, num_tokens, min_n, max_n, k)]
-    got += [propose_ngram_triton(idx_mapping, token_ids, num_tokens, min_n, max_n, k, block=b) for b in blocks]
+    on_kernel = [t.to(KERNEL_DEVICE) for t in (idx_mapping, token_ids, num_tokens)]
+    got += [tuple(t.cpu() for t in propose_ngram_triton(*on_kernel, min_n, max_n, k, block=b)) for b in blocks]
     for drafts, num in got:
         assert drafts.dtype == torch.int32 and num.dtype == torch.int32
         assert torch.equal(num, want_n), (num, want_n)
@@ -148,9 +152,10 @@ def test_num_tokens_clamped_to_row() -> None:
 @pytest.mark.parametrize("use_triton", [False, True])
 def test_dispatcher_out(use_triton: bool) -> None:
     hist = [1, 2, 3, 1, 2]
-    token_ids, num_tokens = _table({0: hist}, 2, 8, seed=1)
-    idx = torch.tensor([0, 0], dtype=torch.int32)
-    out = (torch.zeros(2, 3, dtype=torch.int32), torch.zeros(2, dtype=torch.int32))
+    dev = KERNEL_DEVICE if use_triton else torch.device("cpu")
+    token_ids, num_tokens = (t.to(dev) for t in _table({0: hist}, 2, 8, seed=1))
+    idx = torch.tensor([0, 0], dtype=torch.int32, device=dev)
+    out = (torch.zeros(2, 3, dtype=torch.int32, device=dev), torch.zeros(2, dtype=torch.int32, device=dev))
     drafts, num = propose_ngram(idx, token_ids, num_tokens, 1, 2, 3, use_triton, out=out)
     assert drafts.data_ptr() == out[0].data_ptr() and num.data_ptr() == out[1].data_ptr()
     assert drafts.tolist() == [[3, 1, 2]] * 2 and num.tolist() == [3, 3]
