@@ -286,6 +286,8 @@ PIECEWISE_MODES = ("full_and_piecewise", "piecewise")  # (piecewise graphs are g
 # they are; docs/DECISIONS.md, S1)
 COMPILE_BACKENDS = ("inductor", "eager")
 DEFAULT_COMPILE_BACKEND = "eager"  # when compilation_config names none (docs/DECISIONS.md, S1)
+# Triton kernels on CPU tensors run only under Triton's interpreter (tests/conftest.py skips on this refusal)
+NEEDS_INTERPRETER = "on CPU needs TRITON_INTERPRET=1 (Triton's interpreter)"
 
 
 def check_tensor_parallel(model: ModelConfig, size: int, device: torch.device) -> None:
@@ -370,6 +372,6 @@ class EngineConfig:
                              f"are of compiled pieces): without compilation use cudagraph_mode='full' or 'none'")
         if self.device.type != "cuda" and not os.environ.get("TRITON_INTERPRET"):
             if self.attention_backend == "triton":
-                raise ValueError("attention_backend='triton' on CPU needs TRITON_INTERPRET=1 (Triton's interpreter)")
+                raise ValueError(f"attention_backend='triton' {NEEDS_INTERPRETER}")
             if self.use_triton:
-                raise ValueError("use_triton=True on CPU needs TRITON_INTERPRET=1 (Triton's interpreter)")
+                raise ValueError(f"use_triton=True {NEEDS_INTERPRETER}")

@@ -20,12 +20,12 @@ if not _HAS_CUDA:
 # fixture could change this). GPU tests pass device="cuda" explicitly.
 os.environ["GRAPHRUNNER_DEVICE"] = "cpu"
 
+from graphrunner.config import NEEDS_INTERPRETER  # (imported after TRITON_INTERPRET is set)
+
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "gpu: needs a CUDA device (skipped without one)")
 
-
-_INTERPRETER_OFF = "on CPU needs TRITON_INTERPRET=1"  # the engine's refusal (graphrunner/config.py)
 
 
 def _skip_interpreter_refusals(item: pytest.Item) -> Iterator[None]:
@@ -35,7 +35,7 @@ def _skip_interpreter_refusals(item: pytest.Item) -> Iterator[None]:
     outcome = yield
     error = outcome.excinfo[1] if outcome.excinfo else None
     if (_HAS_CUDA and not os.environ.get("TRITON_INTERPRET") and isinstance(error, ValueError)
-            and _INTERPRETER_OFF in str(error) and item.get_closest_marker("gpu") is None):
+            and NEEDS_INTERPRETER in str(error) and item.get_closest_marker("gpu") is None):
         outcome.force_exception(pytest.skip.Exception(
             f"a CPU test of Triton kernels (Triton's interpreter is off on a CUDA machine): {error}"))
 
