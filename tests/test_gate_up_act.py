@@ -39,22 +39,35 @@ CASES = [  # m, I (each half), K, config of the gate-up weight
 
 @pytest.mark.parametrize(("m", "half", "k", "config"), CASES)
 @pytest.mark.parametrize("bias", [False, True])
-def test_triton_matches_reference(m: int, half: int, k: int, config: GemvConfig, bias: bool) -> None:
+@pytest.mark.parametrize("one_dot", [False, True])
+def test_triton_matches_reference(m: int, half: int, k: int, config: GemvConfig, bias: bool, one_dot: bool) -> None:
     for dtype in DTYPES:
         x, w, b = _data(m, half, k, dtype, seed=m + half + k, bias=bias)
-        out = gate_up_act_triton(x, w, b, config)
+        out = gate_up_act_triton(x, w, b, config, one_dot=one_dot)
         assert out.shape == (m, half) and out.dtype == dtype
         torch.testing.assert_close(out, gate_up_act_ref(x, w, b), **TOL[dtype])
 
 
-def test_rows_bit_equal_whatever_m() -> None:
+@pytest.mark.parametrize("one_dot", [False, True])
+def test_rows_bit_equal_whatever_m(one_dot: bool) -> None:
     """Row i of an M-row call equals the same row alone or in any other M (graphs pad M; rows must not notice)."""
     config = GemvConfig(32, 32, 1, use_dot=True, swap_ab=True)
     x, w, b = _data(gemv.MAX_M, 40, 100, DTYPES[-1], seed=3, bias=True)
-    full = gate_up_act_triton(x, w, b, config)
+    full = gate_up_act_triton(x, w, b, config, one_dot=one_dot)
     for m in range(1, gemv.MAX_M + 1) if DEVICE == "cuda" else (1, 4, 7):  # (the interpreter is slow)
-        assert torch.equal(gate_up_act_triton(x[:m], w, b, config), full[:m]), m
-    assert torch.equal(gate_up_act_triton(x[6:7], w, b, config), full[6:7])
+        assert torch.equal(gate_up_act_triton(x[:m], w, b, config, one_dot=one_dot), full[:m]), m
+    assert torch.equal(gate_up_act_triton(x[6:7], w, b, config, one_dot=one_dot), full[6:7])
+
+
+@pytest.mark.skipif(DEVICE == "cpu", reason="the interpreter's tl.dot is one matmul whatever the tile's rows")
+def test_one_dot_at_the_06b_shape_matches_the_reference() -> None:
+    """The shipped gate-up config of Qwen3-0.6B (6144 x 1024, 32 rows a half) through one wgmma tile a program, at
+    the token counts it serves, against the reference (bf16)."""
+    config = GemvConfig(64, 256, 1, num_stages=3, use_dot=True, swap_ab=True)
+    x, w, b = _data(gemv.MAX_M, 3072, 1024, torch.bfloat16, seed=11, bias=False)
+    for m in (2, 5, 8):
+        torch.testing.assert_close(gate_up_act_triton(x[:m], w, b, config, one_dot=True), gate_up_act_ref(x[:m], w, b),
+                                   **TOL[torch.bfloat16])
 
 
 def test_edge_sizes() -> None:

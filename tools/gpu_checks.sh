@@ -81,6 +81,7 @@
 #                                       # 40960 and 384 in turns (then ab41-tests: GPU tests, S1)
 #   bash tools/gpu_checks.sh next37     # after eager pieces became the default: the 0.6B engine tests under it, S1
 #                                       # warm of the default (twice), L2 at batch 2 and 4 with PDL late from 2 vs 5
+#   bash tools/gpu_checks.sh od43       # the gate-up in one wgmma tile, the LM head on the GEMV at 2-8 tokens: L1/L2
 #   bash tools/gpu_checks.sh serve      # offline L1 and T1, then SV1 with the engine loop in a process (needs .whl/)
 #   bash tools/gpu_checks.sh serve-thread  # SV1 with the loop in a thread of the server (the old layout)
 #   bash tools/gpu_checks.sh tp         # on nvidia-h200-x2: TP tests (each test logged as it runs)
@@ -91,7 +92,7 @@
 # limit so the last phase still ends (and is tarred) inside the device call:
 #   DEADLINE=560 bash tools/gpu_checks.sh tests-a tests-b
 set -u
-[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-pair-table | spec-unroll | spec-why | spec-demo | spec-b64 | spec-b64-host | spec-diag | host-probe | small-mixed | spec16c | spec-cost | spec-table | rej | spec16 | spec16b | gemv | gemv-swap | gemv-pf | gemv-engine | final24 | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | final15 | attn-spills | attn-best | p1-rows | bench2 | sizes-tests | sizes-t1 | l2-table | startup | uncompiled | uncompiled-s1 | pair26 | pair26b | final26 | untuned | verify26 | verify27 | sweep17 | pair27 | pair27b | head28 | pair28 | pair28b | pair29 | pair29b | l2-30 | l2-30b | partials30 | lan31 | pdl32 | late32 | prep32 | tc32 | next37 | merge38 | ab41 | ab41-tests | l2-17 | l1-17 | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-pair-table | spec-unroll | spec-why | spec-demo | spec-b64 | spec-b64-host | spec-diag | host-probe | small-mixed | spec16c | spec-cost | spec-table | rej | spec16 | spec16b | gemv | gemv-swap | gemv-pf | gemv-engine | final24 | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | final15 | attn-spills | attn-best | p1-rows | bench2 | sizes-tests | sizes-t1 | l2-table | startup | uncompiled | uncompiled-s1 | pair26 | pair26b | final26 | untuned | verify26 | verify27 | sweep17 | pair27 | pair27b | head28 | pair28 | pair28b | pair29 | pair29b | l2-30 | l2-30b | partials30 | lan31 | pdl32 | late32 | prep32 | tc32 | next37 | merge38 | od43 | ab41 | ab41-tests | l2-17 | l1-17 | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
 OUT=${OUT:-/tmp/out}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 END=$(( $(date +%s) + ${DEADLINE:-100000} ))
@@ -1282,6 +1283,60 @@ merge38)
     (cd $d && PYTHONPATH=$d GRAPHRUNNER_ATTN_FOLD_MERGE=$f T 75 python3 tools/bench_latency.py --model /tmp/q06 \
       --no-peer --workloads L1,L2 --batch-sizes 8 $long --json "$R/$run.json" > "$R/$run.log" 2>&1)
   done
+  ;;
+od43)
+  # issue 17, forty-third session: the fused gate-up + activation in one wgmma tile a program
+  # (GRAPHRUNNER_GEMV_GATED_ONE_DOT=1; its two 32-row dots compile to mma.sync) and the LM head on the tensor-core
+  # GEMV at 2-8 tokens (cuBLAS and its memset there): CUDA tests, kernels alone, then L1/L2 b=8 in turns
+  model
+  T 150 python3 -m pytest -q -p no:cacheprovider -m "gpu or not gpu" -rfE tests/test_gate_up_act.py \
+    tests/test_gemv.py > "$R/pytest_kernels.log" 2>&1
+  echo "pytest rc=$?" >> "$R/pytest_kernels.log"
+  T 120 python3 - > "$R/kernels.log" 2>&1 <<'PY'
+import json, torch, triton
+import torch.nn.functional as F
+from graphrunner.models import gemv, gate_up_act
+from graphrunner.models.gemv import GemvConfig
+dev = torch.device("cuda")
+def t(fn):
+    return 1000 * triton.testing.do_bench_cudagraph(fn, rep=200)
+w = torch.randn(6144, 1024, device=dev, dtype=torch.bfloat16) / 32
+best = {}
+for m in (2, 8):
+    x = torch.randn(m, 1024, device=dev, dtype=torch.bfloat16)
+    for st in (3, 4):
+        cfg = GemvConfig(64, 256, 1, num_stages=st, use_dot=True, swap_ab=True)
+        for od in (False, True):
+            print(f"gate_up_act M={m} stages {st} one_dot {od}: {t(lambda: gate_up_act.gate_up_act_triton(x, w, None, cfg, one_dot=od)):.2f} us", flush=True)
+lm = torch.randn(151936, 1024, device=dev, dtype=torch.bfloat16) / 32
+cands = [GemvConfig(64, 256, 1, num_stages=s, use_dot=True, swap_ab=True) for s in (3, 4)] + \
+        [GemvConfig(128, 128, 1, num_stages=4, use_dot=True, swap_ab=True), GemvConfig(128, 256, 1, num_stages=3, use_dot=True, swap_ab=True)]
+res = {}
+for m in (2, 4, 8):
+    x = torch.randn(m, 1024, device=dev, dtype=torch.bfloat16)
+    print(f"lm_head M={m} cuBLAS {t(lambda: F.linear(x, lm)):.2f} us", flush=True)
+    for c in cands:
+        us = t(lambda: gemv.gemv_triton(x, lm, None, c)); res.setdefault(c, []).append(us)
+        print(f"lm_head M={m} {c}: {us:.2f} us", flush=True)
+pick = min(res, key=lambda c: sum(res[c]))
+rows = json.load(open("graphrunner/models/gemv_configs.json"))
+row = gemv._heuristic_config(151936, 1024, torch.cuda.get_device_properties(0).multi_processor_count)
+rows.append({"N": 151936, "K": 1024, "configs": [dict(vars(row), max_m=1), dict(vars(pick), max_m=8)]})
+json.dump(rows, open("/tmp/gemv_lm.json", "w"), indent=1)
+print("picked", pick)
+PY
+  for round in 1 2; do
+    for v in shipped onedot lm both; do
+      unset GRAPHRUNNER_GEMV_CONFIGS GRAPHRUNNER_GEMV_GATED_ONE_DOT
+      case $v in onedot|both) export GRAPHRUNNER_GEMV_GATED_ONE_DOT=1 ;; esac
+      case $v in lm|both) [ -f /tmp/gemv_lm.json ] && export GRAPHRUNNER_GEMV_CONFIGS=/tmp/gemv_lm.json ;; esac
+      lat "${v}_$round"
+    done
+  done
+  unset GRAPHRUNNER_GEMV_CONFIGS GRAPHRUNNER_GEMV_GATED_ONE_DOT
+  GRAPHRUNNER_GEMV_GATED_ONE_DOT=1 T 150 python3 -m pytest -q -p no:cacheprovider -m gpu -rfE \
+    tests/test_gpu_engine.py -k 06b > "$R/pytest_06b_onedot.log" 2>&1
+  echo "pytest rc=$?" >> "$R/pytest_06b_onedot.log"
   ;;
 ab41)
   # issue 17, forty-first session: empty split programs store no acc and the merges do not read it (bit-equal;

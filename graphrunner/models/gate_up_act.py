@@ -19,6 +19,11 @@ from graphrunner.opaque import opaque_op
 from graphrunner.pdl import pdl_enter, pdl_mode, use_pdl
 
 ENABLED = env_choice("GRAPHRUNNER_GEMV_GATED_ACT", ("0", "1"), "1") == "1"
+# GRAPHRUNNER_GEMV_GATED_ONE_DOT=1: each program's gate and up rows form one weight tile and one tl.dot (2 * 32 rows:
+# Hopper's wgmma, whose M is 64 a warpgroup) instead of a dot per half (32 rows each: mma.sync through ldmatrix, the
+# instruction every tensor-core GEMV row under 64 compiles to, and which lost 1.2 µs a call against wgmma at the
+# qkv shape, docs/BENCHMARKS.md); off until measured on the GPU
+ONE_DOT = env_choice("GRAPHRUNNER_GEMV_GATED_ONE_DOT", ("0", "1"), "0") == "1"
 
 
 def fusable(config: GemvConfig | None) -> bool:
@@ -49,12 +54,11 @@ def _gate_up_act_kernel(
     HAS_BIAS: tl.constexpr,
     PREFETCH: tl.constexpr,
     PDL: tl.constexpr,
+    ONE_DOT: tl.constexpr,  # gate and up rows in one [2 * BLOCK_N, BLOCK_K] tile and one tl.dot (module switch)
 ):
     rows = tl.arange(0, 16)  # x padded to 16 rows (re-reading row M - 1): one instruction shape whatever M
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < I
-    g_rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn  # [BLOCK_N, 1]
-    u_rows = w_ptr + (offs_n + I)[:, None].to(tl.int64) * stride_wn
     x_rows = x_ptr + tl.minimum(rows, M - 1)[:, None].to(tl.int64) * stride_xm  # [16, 1]
     if PREFETCH:  # (weights are constant: asked of L2 while the kernel before still runs)
         valid = tl.minimum(offs_n, I - 1)[:, None]
@@ -62,15 +66,32 @@ def _gate_up_act_kernel(
         prefetch_l2(w_ptr + (valid + I).to(tl.int64) * stride_wn, 0, K, BLOCK_K)
     if PDL:
         pdl_enter(PDL)
-    acc_g = tl.zeros((BLOCK_N, 16), dtype=tl.float32)  # gate^T and up^T, as the swapped GEMV accumulates
-    acc_u = tl.zeros((BLOCK_N, 16), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        k_mask = offs_k < K
-        xt = tl.trans(tl.load(x_rows + offs_k[None, :], mask=k_mask[None, :], other=0.0))  # [BK, 16]
-        w_mask = n_mask[:, None] & k_mask[None, :]
-        acc_g = tl.dot(tl.load(g_rows + offs_k[None, :], mask=w_mask, other=0.0), xt, acc_g)
-        acc_u = tl.dot(tl.load(u_rows + offs_k[None, :], mask=w_mask, other=0.0), xt, acc_u)
+    if ONE_DOT:
+        # tile row r < BLOCK_N is gate feature offs_n[r], row BLOCK_N + r its up row: [2 * BLOCK_N, BK] per step
+        r = tl.arange(0, 2 * BLOCK_N)
+        feat = tl.program_id(0) * BLOCK_N + r % BLOCK_N
+        gu_rows = w_ptr + (feat + (r // BLOCK_N) * I)[:, None].to(tl.int64) * stride_wn  # [2 * BLOCK_N, 1]
+        gu_mask = (feat < I)[:, None]
+        acc = tl.zeros((2 * BLOCK_N, 16), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            k_mask = offs_k < K
+            xt = tl.trans(tl.load(x_rows + offs_k[None, :], mask=k_mask[None, :], other=0.0))  # [BK, 16]
+            acc = tl.dot(tl.load(gu_rows + offs_k[None, :], mask=gu_mask & k_mask[None, :], other=0.0), xt, acc)
+        # [2 * BN, 16] -> [2, BN, 16] -> [BN, 16, 2] -> gate^T, up^T (order-keeping reshape)
+        acc_g, acc_u = tl.split(tl.permute(tl.reshape(acc, (2, BLOCK_N, 16)), (1, 2, 0)))
+    else:
+        g_rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn  # [BLOCK_N, 1]
+        u_rows = w_ptr + (offs_n + I)[:, None].to(tl.int64) * stride_wn
+        acc_g = tl.zeros((BLOCK_N, 16), dtype=tl.float32)  # gate^T and up^T, as the swapped GEMV accumulates
+        acc_u = tl.zeros((BLOCK_N, 16), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            k_mask = offs_k < K
+            xt = tl.trans(tl.load(x_rows + offs_k[None, :], mask=k_mask[None, :], other=0.0))  # [BK, 16]
+            w_mask = n_mask[:, None] & k_mask[None, :]
+            acc_g = tl.dot(tl.load(g_rows + offs_k[None, :], mask=w_mask, other=0.0), xt, acc_g)
+            acc_u = tl.dot(tl.load(u_rows + offs_k[None, :], mask=w_mask, other=0.0), xt, acc_u)
     if HAS_BIAS:
         acc_g += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[:, None]
         acc_u += tl.load(b_ptr + I + offs_n, mask=n_mask, other=0.0).to(tl.float32)[:, None]
@@ -80,9 +101,11 @@ def _gate_up_act_kernel(
     tl.store(out, act, mask=n_mask[:, None] & (rows < M)[None, :])
 
 
-def gate_up_act_triton(x: Tensor, weight: Tensor, bias: Tensor | None, config: GemvConfig) -> Tensor:  # [M, I]
+def gate_up_act_triton(x: Tensor, weight: Tensor, bias: Tensor | None, config: GemvConfig,
+                       one_dot: bool | None = None) -> Tensor:  # [M, I]
     """gate_up_act_ref's contract in one kernel, under a fusable config of the gate-up weight [2I, K] (its
-    block_n split between the halves)."""
+    block_n split between the halves). one_dot: one tl.dot over both halves' rows (default: ONE_DOT)."""
+    one_dot = ONE_DOT if one_dot is None else one_dot
     gemv.check_inputs(x, weight, bias)
     if weight.shape[0] % 2:
         raise ValueError(f"gate_up weight [{weight.shape[0]}, K] must hold gate and up halves of equal height")
@@ -102,7 +125,7 @@ def gate_up_act_triton(x: Tensor, weight: Tensor, bias: Tensor | None, config: G
         x, weight, bias if bias is not None else out, out, m, half, k, x.stride(0), weight.stride(0), out.stride(0),
         BLOCK_N=block_n, BLOCK_K=config.block_k, HAS_BIAS=bias is not None,
         PREFETCH=gemv.prefetch_on(pdl, config.block_k), PDL=pdl_mode(pdl, "gate_up_act", m),
-        num_warps=config.num_warps, num_stages=config.num_stages, launch_pdl=pdl,
+        ONE_DOT=one_dot, num_warps=config.num_warps, num_stages=config.num_stages, launch_pdl=pdl,
     )
     return out
 
