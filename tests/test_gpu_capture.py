@@ -233,3 +233,26 @@ def test_cache_hit_suffix_runs_one_mixed_graph_with_split_kv(tmp_path: Path) -> 
         assert out.num_cached_tokens == 1488
         assert manager.mixed_steps == mixed + 1 and manager.mode_counts[StepMode.PIECEWISE] == piecewise, n
         assert out.outputs[0].token_ids == eager.generate([short], _greedy())[0].outputs[0].token_ids, n
+
+
+def test_many_split_graphs_over_short_contexts_give_eagers_tokens(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """At a max_model_len whose batch-1 decode graph splits the KV range 16 ways, contexts of 40-300 keys replay
+    that graph with most splits empty (they store no partial; the merge skips them) and keep the eager engine's
+    tokens, alone and batched."""
+    model_dir = make_tiny_model(tmp_path, "Qwen3ForCausalLM", max_position_embeddings=4096)
+    kw = {"dtype": "float32", "max_model_len": 2048, "device": "cuda", "max_num_seqs": 4}
+    eager = LLM(model=model_dir, enforce_eager=True, **kw)
+    full = LLM(model=model_dir, **kw)
+    manager = full.engine.runner.graphs
+    assert manager._long_splits(1) == 16
+    seen: list[tuple[int, int]] = []
+    replay = manager.replay_full
+    monkeypatch.setattr(manager, "replay_full", lambda plan: (seen.append((plan.num_reqs, plan.num_splits)),
+                                                              replay(plan))[1])
+    rng = random.Random(11)
+    for lengths in ([40], [150], [300], [150, 300, 40]):
+        prompts = [[rng.randrange(512) for _ in range(n)] for n in lengths]
+        want = [o.outputs[0].token_ids for o in eager.generate(prompts, _greedy())]
+        assert [o.outputs[0].token_ids for o in full.generate(prompts, _greedy())] == want, lengths
+    assert (1, 16) in seen, sorted(set(seen))

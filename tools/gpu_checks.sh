@@ -1289,7 +1289,7 @@ od43)
   # (GRAPHRUNNER_GEMV_GATED_ONE_DOT=1; its two 32-row dots compile to mma.sync) and the LM head on the tensor-core
   # GEMV at 2-8 tokens (cuBLAS and its memset there): CUDA tests, kernels alone, then L1/L2 b=8 in turns
   model
-  T 150 python3 -m pytest -q -p no:cacheprovider -m "gpu or not gpu" -rfE tests/test_gate_up_act.py \
+  T 150 python3 -m pytest -q -p no:cacheprovider -m "gpu or not gpu" -rfE tests/test_gate_up_act.py tests/test_spec_ngram.py \
     tests/test_gemv.py > "$R/pytest_kernels.log" 2>&1
   echo "pytest rc=$?" >> "$R/pytest_kernels.log"
   T 120 python3 - > "$R/kernels.log" 2>&1 <<'PY'
@@ -1337,6 +1337,9 @@ PY
   GRAPHRUNNER_GEMV_GATED_ONE_DOT=1 T 150 python3 -m pytest -q -p no:cacheprovider -m gpu -rfE \
     tests/test_gpu_engine.py -k 06b > "$R/pytest_06b_onedot.log" 2>&1
   echo "pytest rc=$?" >> "$R/pytest_06b_onedot.log"
+  T 100 python3 -m pytest -q -p no:cacheprovider -m gpu -rfE tests/test_gpu_capture.py -k many_split \
+    > "$R/pytest_many_split.log" 2>&1
+  echo "pytest rc=$?" >> "$R/pytest_many_split.log"
   ;;
 ab41)
   # issue 17, forty-first session: empty split programs store no acc and the merges do not read it (bit-equal;
