@@ -92,7 +92,7 @@
 # limit so the last phase still ends (and is tarred) inside the device call:
 #   DEADLINE=560 bash tools/gpu_checks.sh tests-a tests-b
 set -u
-[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-pair-table | spec-unroll | spec-why | spec-demo | spec-b64 | spec-b64-host | spec-diag | host-probe | small-mixed | spec16c | spec-cost | spec-table | rej | spec16 | spec16b | gemv | gemv-swap | gemv-pf | gemv-engine | final24 | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | final15 | attn-spills | attn-best | p1-rows | bench2 | sizes-tests | sizes-t1 | l2-table | startup | uncompiled | uncompiled-s1 | pair26 | pair26b | final26 | untuned | verify26 | verify27 | sweep17 | pair27 | pair27b | head28 | pair28 | pair28b | pair29 | pair29b | l2-30 | l2-30b | partials30 | lan31 | pdl32 | late32 | prep32 | tc32 | next37 | merge38 | od43 | ab41 | ab41-tests | l2-17 | l1-17 | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-pair-table | spec-unroll | spec-why | spec-demo | spec-b64 | spec-b64-host | spec-diag | host-probe | small-mixed | spec16c | spec-cost | spec-table | rej | spec16 | spec16b | gemv | gemv-swap | gemv-pf | gemv-engine | final24 | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | final15 | attn-spills | attn-best | p1-rows | bench2 | sizes-tests | sizes-t1 | l2-table | startup | uncompiled | uncompiled-s1 | pair26 | pair26b | final26 | untuned | verify26 | verify27 | sweep17 | pair27 | pair27b | head28 | pair28 | pair28b | pair29 | pair29b | l2-30 | l2-30b | partials30 | lan31 | pdl32 | late32 | prep32 | tc32 | next37 | merge38 | od43 | od43b | ab41 | ab41-tests | l2-17 | l1-17 | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
 OUT=${OUT:-/tmp/out}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 END=$(( $(date +%s) + ${DEADLINE:-100000} ))
@@ -1340,6 +1340,32 @@ PY
   T 100 python3 -m pytest -q -p no:cacheprovider -m gpu -rfE tests/test_gpu_capture.py -k many_split \
     > "$R/pytest_many_split.log" 2>&1
   echo "pytest rc=$?" >> "$R/pytest_many_split.log"
+  ;;
+od43b)
+  # (after od43) the new defaults (one-dot gate-up, the LM head's tensor-core row): the kernel and 0.6B engine
+  # tests, then L1/L2 b=8 in turns: new, new with the gate-up row at 4 stages, old (two dots, no LM head row)
+  model
+  T 100 python3 -m pytest -q -p no:cacheprovider -m gpu -rfE tests/test_gpu_engine.py -k 06b > "$R/pytest_06b.log" 2>&1
+  echo "pytest rc=$?" >> "$R/pytest_06b.log"
+  python3 - <<'PY'
+import json
+rows = json.load(open("graphrunner/models/gemv_configs.json"))
+json.dump([r for r in rows if r["N"] != 151936], open("/tmp/gemv_old.json", "w"))
+for r in rows:
+    for c in r["configs"]:
+        if (r["N"], r["K"]) == (6144, 1024) and c["use_dot"]:
+            c["num_stages"] = 4
+json.dump(rows, open("/tmp/gemv_st4.json", "w"))
+PY
+  for round in 1 2; do
+    for v in new st4 old; do
+      unset GRAPHRUNNER_GEMV_CONFIGS GRAPHRUNNER_GEMV_GATED_ONE_DOT
+      case $v in st4) export GRAPHRUNNER_GEMV_CONFIGS=/tmp/gemv_st4.json ;;
+        old) export GRAPHRUNNER_GEMV_CONFIGS=/tmp/gemv_old.json GRAPHRUNNER_GEMV_GATED_ONE_DOT=0 ;; esac
+      lat "${v}_$round"
+    done
+  done
+  unset GRAPHRUNNER_GEMV_CONFIGS GRAPHRUNNER_GEMV_GATED_ONE_DOT
   ;;
 ab41)
   # issue 17, forty-first session: empty split programs store no acc and the merges do not read it (bit-equal;

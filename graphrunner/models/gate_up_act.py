@@ -19,11 +19,10 @@ from graphrunner.opaque import opaque_op
 from graphrunner.pdl import pdl_enter, pdl_mode, use_pdl
 
 ENABLED = env_choice("GRAPHRUNNER_GEMV_GATED_ACT", ("0", "1"), "1") == "1"
-# GRAPHRUNNER_GEMV_GATED_ONE_DOT=1: each program's gate and up rows form one weight tile and one tl.dot (2 * 32 rows:
-# Hopper's wgmma, whose M is 64 a warpgroup) instead of a dot per half (32 rows each: mma.sync through ldmatrix, the
-# instruction every tensor-core GEMV row under 64 compiles to, and which lost 1.2 µs a call against wgmma at the
-# qkv shape, docs/BENCHMARKS.md); off until measured on the GPU
-ONE_DOT = env_choice("GRAPHRUNNER_GEMV_GATED_ONE_DOT", ("0", "1"), "0") == "1"
+# Each program's gate and up rows form one weight tile and one tl.dot (2 * 32 rows: Hopper's wgmma, whose M is 64 a
+# warpgroup) instead of a dot per half (32 rows each: mma.sync through ldmatrix). On by default: L2 at batch 8 -14.5
+# µs on an H100 (docs/BENCHMARKS.md, forty-third session); GRAPHRUNNER_GEMV_GATED_ONE_DOT=0 keeps two dots
+ONE_DOT = env_choice("GRAPHRUNNER_GEMV_GATED_ONE_DOT", ("0", "1"), "1") == "1"
 
 
 def fusable(config: GemvConfig | None) -> bool:
