@@ -1301,7 +1301,6 @@ dev = torch.device("cuda")
 def t(fn):
     return 1000 * triton.testing.do_bench_cudagraph(fn, rep=200)
 w = torch.randn(6144, 1024, device=dev, dtype=torch.bfloat16) / 32
-best = {}
 for m in (2, 8):
     x = torch.randn(m, 1024, device=dev, dtype=torch.bfloat16)
     for st in (3, 4):

@@ -65,32 +65,28 @@ def _gate_up_act_kernel(
         prefetch_l2(w_ptr + (valid + I).to(tl.int64) * stride_wn, 0, K, BLOCK_K)
     if PDL:
         pdl_enter(PDL)
-    if ONE_DOT:
-        # tile row r < BLOCK_N is gate feature offs_n[r], row BLOCK_N + r its up row: [2 * BLOCK_N, BK] per step
-        r = tl.arange(0, 2 * BLOCK_N)
-        feat = tl.program_id(0) * BLOCK_N + r % BLOCK_N
-        gu_rows = w_ptr + (feat + (r // BLOCK_N) * I)[:, None].to(tl.int64) * stride_wn  # [2 * BLOCK_N, 1]
-        gu_mask = (feat < I)[:, None]
-        acc = tl.zeros((2 * BLOCK_N, 16), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            offs_k = k0 + tl.arange(0, BLOCK_K)
-            k_mask = offs_k < K
-            xt = tl.trans(tl.load(x_rows + offs_k[None, :], mask=k_mask[None, :], other=0.0))  # [BK, 16]
-            acc = tl.dot(tl.load(gu_rows + offs_k[None, :], mask=gu_mask & k_mask[None, :], other=0.0), xt, acc)
-        # [2 * BN, 16] -> [2, BN, 16] -> [BN, 16, 2] -> gate^T, up^T (order-keeping reshape)
-        acc_g, acc_u = tl.split(tl.permute(tl.reshape(acc, (2, BLOCK_N, 16)), (1, 2, 0)))
-    else:
-        g_rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn  # [BLOCK_N, 1]
-        u_rows = w_ptr + (offs_n + I)[:, None].to(tl.int64) * stride_wn
-        acc_g = tl.zeros((BLOCK_N, 16), dtype=tl.float32)  # gate^T and up^T, as the swapped GEMV accumulates
-        acc_u = tl.zeros((BLOCK_N, 16), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            offs_k = k0 + tl.arange(0, BLOCK_K)
-            k_mask = offs_k < K
-            xt = tl.trans(tl.load(x_rows + offs_k[None, :], mask=k_mask[None, :], other=0.0))  # [BK, 16]
+    # ONE_DOT: tile row r < BLOCK_N is gate feature offs_n[r], row BLOCK_N + r its up row ([2 * BLOCK_N, BK] a step)
+    r = tl.arange(0, 2 * BLOCK_N)
+    feat = tl.program_id(0) * BLOCK_N + r % BLOCK_N
+    gu_rows = w_ptr + (feat + (r // BLOCK_N) * I)[:, None].to(tl.int64) * stride_wn  # [2 * BLOCK_N, 1]
+    g_rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn  # [BLOCK_N, 1] (two dots)
+    u_rows = w_ptr + (offs_n + I)[:, None].to(tl.int64) * stride_wn
+    acc = tl.zeros((2 * BLOCK_N, 16), dtype=tl.float32)  # (one dot: gate^T over up^T)
+    acc_g = tl.zeros((BLOCK_N, 16), dtype=tl.float32)  # gate^T and up^T, as the swapped GEMV accumulates
+    acc_u = tl.zeros((BLOCK_N, 16), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        k_mask = offs_k < K
+        xt = tl.trans(tl.load(x_rows + offs_k[None, :], mask=k_mask[None, :], other=0.0))  # [BK, 16]
+        if ONE_DOT:
+            w_mask = (feat < I)[:, None] & k_mask[None, :]
+            acc = tl.dot(tl.load(gu_rows + offs_k[None, :], mask=w_mask, other=0.0), xt, acc)
+        else:
             w_mask = n_mask[:, None] & k_mask[None, :]
             acc_g = tl.dot(tl.load(g_rows + offs_k[None, :], mask=w_mask, other=0.0), xt, acc_g)
             acc_u = tl.dot(tl.load(u_rows + offs_k[None, :], mask=w_mask, other=0.0), xt, acc_u)
+    if ONE_DOT:  # [2 * BN, 16] -> [2, BN, 16] -> [BN, 16, 2] -> gate^T, up^T (order-keeping reshape)
+        acc_g, acc_u = tl.split(tl.permute(tl.reshape(acc, (2, BLOCK_N, 16)), (1, 2, 0)))
     if HAS_BIAS:
         acc_g += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[:, None]
         acc_u += tl.load(b_ptr + I + offs_n, mask=n_mask, other=0.0).to(tl.float32)[:, None]
