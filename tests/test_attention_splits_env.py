@@ -80,9 +80,22 @@ def test_env_values_are_read() -> None:
     assert got.stdout.split() == ["256", "32"], got.stderr
 
 
+def test_target_programs_is_read() -> None:
+    """GRAPHRUNNER_ATTN_TARGET_PROGRAMS=64: batch 8 of 8 KV heads (64 programs) no longer splits, batch 1 still does."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("GRAPHRUNNER_ATTN_")}
+    code = ("from graphrunner.attention.triton_attention import choose_num_splits as c; "
+            "print(c(8, 8, 512), c(4, 8, 512), c(1, 8, 512))")
+    for target, want in (("", ["5", "8", "8"]), ("64", ["1", "2", "8"]), ("128", ["2", "4", "8"])):
+        got = subprocess.run([sys.executable, "-c", code], env={**clean, "GRAPHRUNNER_ATTN_TARGET_PROGRAMS": target},
+                             capture_output=True, text=True, check=False, timeout=120,
+                             cwd=Path(__file__).resolve().parents[1])
+        assert got.stdout.split() == want, (target, got.stderr)
+
+
 @pytest.mark.parametrize(("name", "raw"), [("GRAPHRUNNER_ATTN_SPLIT_MIN_LEN", "0"),
                                            ("GRAPHRUNNER_ATTN_SPLIT_MIN_KEYS", "8"),
-                                           ("GRAPHRUNNER_ATTN_WARPS", "6"), ("GRAPHRUNNER_ATTN_TILE", "48")])
+                                           ("GRAPHRUNNER_ATTN_WARPS", "6"), ("GRAPHRUNNER_ATTN_TILE", "48"),
+                                           ("GRAPHRUNNER_ATTN_TARGET_PROGRAMS", "0")])
 def test_bad_env_values_are_refused(name: str, raw: str) -> None:
     got = _constants({name: raw})
     assert got.returncode != 0 and f"{name} must be an integer" in got.stderr, got.stderr

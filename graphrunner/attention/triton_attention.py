@@ -46,7 +46,10 @@ SPLIT_MIN_SEQ_LEN = int(env_number("GRAPHRUNNER_ATTN_SPLIT_MIN_LEN", 128, intege
                                    valid=lambda v: 1 <= v <= 1 << 20))
 SPLIT_MIN_KEYS = int(env_number("GRAPHRUNNER_ATTN_SPLIT_MIN_KEYS", 64, integer=True, rule="in [16, 65536]",
                                 valid=lambda v: 16 <= v <= 65536))
-_TARGET_PROGRAMS = 264  # ~2 waves on a 132-SM H200
+# Decode-style launches split until they reach ~2 waves on a 132-SM H200 (GRAPHRUNNER_ATTN_TARGET_PROGRAMS sets it
+# for measurements: at batch 8 of 8 KV heads, 264 gives 5 splits, 128 gives 2, 64 none, and no merge kernel)
+_TARGET_PROGRAMS = int(env_number("GRAPHRUNNER_ATTN_TARGET_PROGRAMS", 264, integer=True, rule="in [1, 65536]",
+                                  valid=lambda v: 1 <= v <= 65536))
 # GRAPHRUNNER_ATTN_FOLD_MERGE=1: the last split program of each tile merges the splits itself (an atomic counter per
 # tile), so a split launch needs no second kernel; off until measured on the H200 (docs/DECISIONS.md).
 FOLD_MERGE = env_choice("GRAPHRUNNER_ATTN_FOLD_MERGE", ("0", "1"), "0") == "1"
