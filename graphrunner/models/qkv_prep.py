@@ -17,6 +17,7 @@ from graphrunner.attention.layer import attend, attend_prepped
 from graphrunner.attention.reference import write_kv_ref
 from graphrunner.env import env_choice
 from graphrunner.kernel_checks import check_tensor, interpreted
+from graphrunner.models import qkv_partials
 from graphrunner.models.norm import rms_norm
 from graphrunner.models.rotary import apply_rotary
 from graphrunner.opaque import opaque_op
@@ -68,6 +69,8 @@ def _qkv_prep_kernel(
     stride_cs,
     stride_ch,
     eps,
+    part_ptr,  # [SPLITS, T, (Hq + 2 Hkv) D] float32, contiguous (PARTS)
+    bias_ptr,  # [(Hq + 2 Hkv) D] (PARTS and HAS_BIAS)
     NUM_HEADS: tl.constexpr,
     NUM_KV_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -75,6 +78,9 @@ def _qkv_prep_kernel(
     BLOCK_SIZE: tl.constexpr,
     HAS_NORM: tl.constexpr,
     PDL: tl.constexpr,  # launched with programmatic dependent launch (graphrunner.pdl)
+    PARTS: tl.constexpr = False,  # the row is the sum of the projection's split-K partials (qkv_partials.py)
+    SPLITS: tl.constexpr = 1,
+    HAS_BIAS: tl.constexpr = False,
 ):
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)  # q heads, then k heads, then v heads
@@ -93,11 +99,28 @@ def _qkv_prep_kernel(
         w_ptr = q_norm_ptr if h < NUM_HEADS else k_norm_ptr
         w1 = tl.load(w_ptr + offs, mask=rope_mask, other=0.0)
         w2 = tl.load(w_ptr + half + offs, mask=rope_mask, other=0.0)
-    if PDL:  # qkv is the previous kernel's output
+    if PARTS and HAS_BIAS:  # a constant, like the norm weights
+        b1 = tl.load(bias_ptr + h * HEAD_DIM + offs, mask=mask, other=0.0).to(tl.float32)
+        b2 = tl.load(bias_ptr + h * HEAD_DIM + half + offs, mask=mask, other=0.0).to(tl.float32)
+    if PDL:  # qkv (or its partials) is the previous kernel's output
         pdl_enter(PDL)
-    src = qkv_ptr + t * stride_qkv + h * HEAD_DIM
-    x1 = tl.load(src + offs, mask=mask, other=0.0)  # [HALF_PAD] first half of the head
-    x2 = tl.load(src + half + offs, mask=mask, other=0.0)
+    if PARTS:  # the GEMV tail's sum: ((0 + p0) + p1) + ..., then the bias, rounded once
+        row_len = (NUM_HEADS + 2 * NUM_KV_HEADS) * HEAD_DIM
+        src = part_ptr + t * row_len + h * HEAD_DIM
+        f1 = tl.zeros([HALF_PAD], dtype=tl.float32)
+        f2 = tl.zeros([HALF_PAD], dtype=tl.float32)
+        for split in tl.static_range(SPLITS):  # (`s` holds the sines)
+            f1 += tl.load(src + split * tl.num_programs(0) * row_len + offs, mask=mask, other=0.0)
+            f2 += tl.load(src + split * tl.num_programs(0) * row_len + half + offs, mask=mask, other=0.0)
+        if HAS_BIAS:
+            f1 += b1
+            f2 += b2
+        x1 = f1.to(q_out_ptr.dtype.element_ty)  # [HALF_PAD] first half of the head
+        x2 = f2.to(q_out_ptr.dtype.element_ty)
+    else:
+        src = qkv_ptr + t * stride_qkv + h * HEAD_DIM
+        x1 = tl.load(src + offs, mask=mask, other=0.0)  # [HALF_PAD] first half of the head
+        x2 = tl.load(src + half + offs, mask=mask, other=0.0)
     if not rope:  # v: copied as is
         if slot >= 0:
             dst = v_cache_ptr + (slot // BLOCK_SIZE) * stride_cb + (slot % BLOCK_SIZE) * stride_cs \
@@ -126,9 +149,22 @@ def _qkv_prep_kernel(
 
 def qkv_prep_triton(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_norm: torch.Tensor | None,
                     k_norm: torch.Tensor | None, eps: float, layer_cache: torch.Tensor, slot_mapping: torch.Tensor,
-                    num_heads: int, num_kv_heads: int, head_dim: int) -> torch.Tensor:
-    """The kernel behind qkv_prep_ref's contract (same arguments, same result)."""
+                    num_heads: int, num_kv_heads: int, head_dim: int, parts: torch.Tensor | None = None,
+                    bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The kernel behind qkv_prep_ref's contract (same arguments, same result). With `parts` [S, T, N] float32
+    (contiguous) the row is qkv_partials.qkv_from_parts_ref(parts, bias, qkv.dtype) and qkv's contents are not
+    read (only its shape and dtype)."""
     check_tensor(qkv, "qkv", (torch.float32, torch.bfloat16, torch.float16), 2, None)
+    if parts is not None:
+        check_tensor(parts, "parts", torch.float32, 3, qkv.device)
+        if parts.shape[1:] != qkv.shape or not parts.is_contiguous() or parts.shape[0] < 1:
+            raise ValueError(f"parts {tuple(parts.shape)} must be contiguous [S >= 1, {qkv.shape[0]}, {qkv.shape[1]}]")
+    if bias is not None:
+        if parts is None:
+            raise ValueError("a bias goes with parts (an unsplit qkv row already holds it)")
+        check_tensor(bias, "bias", qkv.dtype, 1, qkv.device)
+        if bias.shape[0] != qkv.shape[1]:
+            raise ValueError(f"bias has {bias.shape[0]} entries, the qkv row {qkv.shape[1]}")
     check_tensor(layer_cache, "layer_cache", qkv.dtype, 5, qkv.device)
     t = qkv.shape[0]
     check_projection_shapes(qkv, cos, sin, num_heads, num_kv_heads, head_dim)
@@ -146,22 +182,27 @@ def qkv_prep_triton(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_n
         qkv, q_out, q_norm if has_norm else qkv, k_norm if has_norm else qkv, cos, sin, slot_mapping,
         k_cache, v_cache, qkv.stride(0), q_out.stride(0), cos.stride(0), sin.stride(0),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), eps,
+        parts if parts is not None else qkv, bias if bias is not None else qkv,
         NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
         HALF_PAD=max(16, triton.next_power_of_2(head_dim // 2)), BLOCK_SIZE=block_size, HAS_NORM=has_norm,
-        PDL=pdl_mode(pdl, "qkv_prep", t), num_warps=1 if head_dim <= 128 else 2, launch_pdl=pdl,
+        PDL=pdl_mode(pdl, "qkv_prep", t), PARTS=parts is not None, SPLITS=parts.shape[0] if parts is not None else 1,
+        HAS_BIAS=bias is not None, num_warps=1 if head_dim <= 128 else 2, launch_pdl=pdl,
     )
     return q_out
 
 
 def paged_attention_qkv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_norm: torch.Tensor | None,
                         k_norm: torch.Tensor | None, eps: float, out: torch.Tensor, layer_idx: int, num_heads: int,
-                        num_kv_heads: int, head_dim: int, scale: float, sliding_window: int) -> None:
+                        num_kv_heads: int, head_dim: int, scale: float, sliding_window: int,
+                        parts: torch.Tensor | None = None, bias: torch.Tensor | None = None, k: int = 0) -> None:
     """graphrunner::paged_attention from the fused projection: qkv [T, (Hq + 2 Hkv) D], cos/sin [T, 1, D/2],
     optional per-head q/k RMSNorm weights [D] -> out [T, Hq*D]. The prologue kernel norms, ropes and writes k/v
     into the context's cache; like paged_attention, this is an opaque op where torch.compile's piecewise graphs
-    split (graphrunner/opaque.py)."""
+    split (graphrunner/opaque.py). With `parts` (qkv_partials.qkv_projection's buffer), `bias` and the
+    projection's input width `k`: where qkv_partials.splits_at says the projection left partials, the row is
+    their sum plus the bias, and qkv is not read."""
     args = (qkv, cos, sin, q_norm, k_norm, eps, out, layer_idx, num_heads, num_kv_heads, head_dim, scale,
-            sliding_window)
+            sliding_window, parts, bias, k)
     if torch.compiler.is_compiling():
         torch.ops.graphrunner.paged_attention_qkv(*args)
     else:
@@ -170,17 +211,27 @@ def paged_attention_qkv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
 
 def _paged_attention_qkv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, q_norm: torch.Tensor | None,
                          k_norm: torch.Tensor | None, eps: float, out: torch.Tensor, layer_idx: int, num_heads: int,
-                         num_kv_heads: int, head_dim: int, scale: float, sliding_window: int) -> None:
+                         num_kv_heads: int, head_dim: int, scale: float, sliding_window: int,
+                         parts: torch.Tensor | None = None, bias: torch.Tensor | None = None, k: int = 0) -> None:
     ctx = get_forward_context()
     kernel = ctx.backend == "triton" and (not INTERPRETED or KERNEL_UNDER_INTERPRETER)
-    if kernel and decode_prep.DECODE_PREP and ctx.meta.max_query_len <= 1:  # the prologue inside attention
-        prep = DecodePrep(qkv, cos, sin, q_norm, k_norm, eps, ctx.meta.slot_mapping)
+    t, n = qkv.shape
+    splits = qkv_partials.splits_at(t, n, k, qkv.device) if parts is not None else 0
+    split_parts = qkv_partials.parts_view(parts, splits, t, n) if parts is not None and splits else None  # [S, T, N]
+    if split_parts is not None and (not kernel or decode_prep.DECODE_PREP):  # (routes() keeps the fold off it)
+        qkv, split_parts = qkv_partials.qkv_from_parts_ref(split_parts, bias, qkv.dtype), None
+    if split_parts is None and kernel and decode_prep.DECODE_PREP and ctx.meta.max_query_len <= 1:
+        prep = DecodePrep(qkv, cos, sin, q_norm, k_norm, eps, ctx.meta.slot_mapping)  # the prologue inside attention
         attend_prepped(ctx, prep, out, layer_idx, num_heads, num_kv_heads, head_dim, scale, sliding_window)
         return
-    prep = qkv_prep_triton if kernel else qkv_prep_ref
-    q = prep(qkv, cos, sin, q_norm, k_norm, eps, ctx.kv_cache[layer_idx], ctx.meta.slot_mapping, num_heads,
-             num_kv_heads, head_dim)  # [T, Hq*D]
-    attend(ctx, q.view(q.shape[0], num_heads, head_dim), out, layer_idx, num_heads, num_kv_heads, head_dim, scale,
+    layer_cache, slots = ctx.kv_cache[layer_idx], ctx.meta.slot_mapping
+    if split_parts is not None:
+        q = qkv_prep_triton(qkv, cos, sin, q_norm, k_norm, eps, layer_cache, slots, num_heads, num_kv_heads, head_dim,
+                            split_parts, bias)  # [T, Hq*D]
+    else:
+        prep = qkv_prep_triton if kernel else qkv_prep_ref
+        q = prep(qkv, cos, sin, q_norm, k_norm, eps, layer_cache, slots, num_heads, num_kv_heads, head_dim)
+    attend(ctx, q.view(t, num_heads, head_dim), out, layer_idx, num_heads, num_kv_heads, head_dim, scale,
            sliding_window)
 
 

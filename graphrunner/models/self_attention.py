@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from graphrunner.attention import Attention
-from graphrunner.models import qkv_prep
+from graphrunner.models import qkv_partials, qkv_prep
 from graphrunner.models.norm import RMSNorm
 from graphrunner.models.parallel_linear import RowParallelLinear, ShardedMergedLinear
 from graphrunner.models.rotary import apply_rotary
@@ -62,7 +62,12 @@ class SelfAttention(nn.Module):
         """forward without o_proj: the attention output [T, Hq*D] (the decoder may fold o_proj into the add + norm
         after it, o_proj.forward_add_norm)."""
         t = hidden.shape[0]
-        qkv = self.qkv_proj(hidden) if norm is None else self.qkv_proj.forward_normed(hidden, norm)  # [T, (Hq+2Hkv)D]
+        proj = self.qkv_proj
+        if qkv_prep.FUSED_QKV_PREP and norm is None and qkv_partials.routes(hidden, proj.weight):
+            # the GEMV may leave its split-K partials for the prologue to sum (qkv then unwritten)
+            qkv, parts = qkv_partials.qkv_projection(hidden, proj.weight, proj.bias)
+            return self._fused_attention(qkv, cos, sin, parts, hidden.shape[1])
+        qkv = proj(hidden) if norm is None else proj.forward_normed(hidden, norm)  # [T, (Hq+2Hkv)D]
         if qkv_prep.FUSED_QKV_PREP:  # q/k norm, rope and the cache write in one kernel
             return self._fused_attention(qkv, cos, sin)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
@@ -77,13 +82,16 @@ class SelfAttention(nn.Module):
         k = apply_rotary(k, cos, sin).reshape(t, self.kv_size)  # [T, Hkv*D]
         return self.attn(q, k, v.clone(memory_format=torch.contiguous_format))  # [T, Hq*D]
 
-    def _fused_attention(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """qkv [T, (Hq + 2 Hkv) D] -> attention output [T, Hq*D] through graphrunner::paged_attention_qkv."""
+    def _fused_attention(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                         parts: torch.Tensor | None = None, k: int = 0) -> torch.Tensor:
+        """qkv [T, (Hq + 2 Hkv) D] (or its projection's partials: qkv_partials.qkv_projection, input width k) ->
+        attention output [T, Hq*D] through graphrunner::paged_attention_qkv."""
         attn = self.attn
         normed = self.q_norm is not None and self.k_norm is not None
         out = qkv.new_empty(qkv.shape[0], self.q_size)  # [T, Hq*D]
         qkv_prep.paged_attention_qkv(
             qkv, cos, sin, self.q_norm.weight if normed else None, self.k_norm.weight if normed else None,
             self.q_norm.eps if normed else 0.0, out, attn.layer_idx, attn.num_heads, attn.num_kv_heads,
-            attn.head_dim, attn.scale, -1 if attn.sliding_window is None else attn.sliding_window)
+            attn.head_dim, attn.scale, -1 if attn.sliding_window is None else attn.sliding_window, parts,
+            self.qkv_proj.bias if parts is not None else None, k)
         return out
