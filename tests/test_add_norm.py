@@ -107,12 +107,16 @@ def test_gpu_graphs_equal_compiled_with_the_fused_add_norm(tmp_path: Path, monke
     assert tokens["full"] == tokens["compiled"]
 
 
-def test_bad_switch_value_is_refused() -> None:
+@pytest.mark.parametrize(("name", "raw", "message"), [
+    ("GRAPHRUNNER_FUSED_ADD_NORM", "on", "GRAPHRUNNER_FUSED_ADD_NORM must be one of 0, 1"),
+    ("GRAPHRUNNER_ADD_NORM_WARPS", "3", "GRAPHRUNNER_ADD_NORM_WARPS must be an integer in (1, 2, 4, 8, 16)"),
+])
+def test_bad_switch_value_is_refused(name: str, raw: str, message: str) -> None:
     import os
     import subprocess
     import sys
 
-    env = {**os.environ, "GRAPHRUNNER_FUSED_ADD_NORM": "on"}
+    env = {**os.environ, name: raw}
     got = subprocess.run([sys.executable, "-c", "import graphrunner.models.norm"], env=env, capture_output=True,
                          text=True, check=False, timeout=120, cwd=Path(__file__).resolve().parents[1])
-    assert got.returncode != 0 and "GRAPHRUNNER_FUSED_ADD_NORM must be one of 0, 1" in got.stderr, got.stderr
+    assert got.returncode != 0 and message in got.stderr, got.stderr

@@ -105,7 +105,8 @@ def partials_add_rms_norm_triton(parts: Tensor, bias: Tensor | None, residual: T
         _partials_add_norm_kernel[(t,)](
             parts, bias if bias is not None else parts, residual, weight, out, summed, t, residual.stride(0),
             out.stride(0), summed.stride(0), d, eps, SPLITS=parts.shape[0], HAS_BIAS=bias is not None,
-            BLOCK=triton.next_power_of_2(d), PDL=pdl_mode(pdl, "partials_add_norm", t), num_warps=4, launch_pdl=pdl)
+            BLOCK=triton.next_power_of_2(d), PDL=pdl_mode(pdl, "partials_add_norm", t), num_warps=norm_mod.ADD_NORM_WARPS,
+            launch_pdl=pdl)
     return out, summed
 
 

@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 from torch import nn
 
-from graphrunner.env import env_choice
+from graphrunner.env import env_choice, env_number
 from graphrunner.kernel_checks import check_tensor, interpreted
 from graphrunner.opaque import fusing_trace, opaque_op
 from graphrunner.pdl import pdl_enter, pdl_mode, use_pdl
@@ -21,6 +21,10 @@ from graphrunner.pdl import pdl_enter, pdl_mode, use_pdl
 # GRAPHRUNNER_FUSED_ADD_NORM=1: the decoder's residual adds and the norms after them run as graphrunner::add_rms_norm
 # (models.decoder); on by default, measured on the H200 (docs/DECISIONS.md)
 FUSED_ADD_NORM = env_choice("GRAPHRUNNER_FUSED_ADD_NORM", ("0", "1"), "1") == "1"
+# warps of the add + norm kernels' one program per row (here and in linear_add_norm); GRAPHRUNNER_ADD_NORM_WARPS sets
+# it for measurements (a decode step's rows are few, each a latency chain: wait, load, reduce, store)
+ADD_NORM_WARPS = int(env_number("GRAPHRUNNER_ADD_NORM_WARPS", 4, integer=True, rule="in (1, 2, 4, 8, 16)",
+                                valid=lambda v: v in (1, 2, 4, 8, 16)))
 
 
 class RMSNorm(nn.Module):
@@ -148,7 +152,8 @@ def add_rms_norm_triton(x: torch.Tensor, residual: torch.Tensor, weight: torch.T
         _add_rms_norm_kernel[(x.shape[0],)](x, residual, weight, out, summed, x.stride(0), residual.stride(0),
                                             out.stride(0), summed.stride(0), x.shape[1], eps,
                                             BLOCK=triton.next_power_of_2(x.shape[1]),
-                                            PDL=pdl_mode(pdl, "add_norm", x.shape[0]), num_warps=4, launch_pdl=pdl)
+                                            PDL=pdl_mode(pdl, "add_norm", x.shape[0]), num_warps=ADD_NORM_WARPS,
+                                            launch_pdl=pdl)
     return out, summed
 
 
