@@ -81,7 +81,8 @@
 #                                       # 40960 and 384 in turns (then ab41-tests: GPU tests, S1)
 #   bash tools/gpu_checks.sh next37     # after eager pieces became the default: the 0.6B engine tests under it, S1
 #                                       # warm of the default (twice), L2 at batch 2 and 4 with PDL late from 2 vs 5
-#   bash tools/gpu_checks.sh acc44      # the shipped defaults' L1/L2 b=8 twice, the gate-up mend's CUDA tests
+#   bash tools/gpu_checks.sh acc44      # the shipped defaults' L1/L2 b=8 (then tests44: the gate-up mend on CUDA, 0.6B
+#                                       # and GEMV-engine tests)
 #   bash tools/gpu_checks.sh sp44       # decode attention's split target at batch 8 (264, 192, 128, 64): L2 b=8
 #   bash tools/gpu_checks.sh qp44       # the qkv GEMV's partials summed by the prologue: CUDA tests, L2 b=8 per table
 #   bash tools/gpu_checks.sh an44       # the add + norm kernels at 4, 8, 16 warps: L1/L2 b=8 in turns, tests at 8
@@ -96,7 +97,7 @@
 # limit so the last phase still ends (and is tarred) inside the device call:
 #   DEADLINE=560 bash tools/gpu_checks.sh tests-a tests-b
 set -u
-[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-pair-table | spec-unroll | spec-why | spec-demo | spec-b64 | spec-b64-host | spec-diag | host-probe | small-mixed | spec16c | spec-cost | spec-table | rej | spec16 | spec16b | gemv | gemv-swap | gemv-pf | gemv-engine | final24 | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | final15 | attn-spills | attn-best | p1-rows | bench2 | sizes-tests | sizes-t1 | l2-table | startup | uncompiled | uncompiled-s1 | pair26 | pair26b | final26 | untuned | verify26 | verify27 | sweep17 | pair27 | pair27b | head28 | pair28 | pair28b | pair29 | pair29b | l2-30 | l2-30b | partials30 | lan31 | pdl32 | late32 | prep32 | tc32 | next37 | merge38 | od43 | od43b | acc44 | sp44 | qp44 | an44 | ab41 | ab41-tests | l2-17 | l1-17 | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-pair-table | spec-unroll | spec-why | spec-demo | spec-b64 | spec-b64-host | spec-diag | host-probe | small-mixed | spec16c | spec-cost | spec-table | rej | spec16 | spec16b | gemv | gemv-swap | gemv-pf | gemv-engine | final24 | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | final15 | attn-spills | attn-best | p1-rows | bench2 | sizes-tests | sizes-t1 | l2-table | startup | uncompiled | uncompiled-s1 | pair26 | pair26b | final26 | untuned | verify26 | verify27 | sweep17 | pair27 | pair27b | head28 | pair28 | pair28b | pair29 | pair29b | l2-30 | l2-30b | partials30 | lan31 | pdl32 | late32 | prep32 | tc32 | next37 | merge38 | od43 | od43b | acc44 | tests44 | sp44 | qp44 | an44 | ab41 | ab41-tests | l2-17 | l1-17 | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
 OUT=${OUT:-/tmp/out}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 END=$(( $(date +%s) + ${DEADLINE:-100000} ))
@@ -1371,17 +1372,23 @@ PY
   unset GRAPHRUNNER_GEMV_CONFIGS GRAPHRUNNER_GEMV_GATED_ONE_DOT
   ;;
 acc44)
-  # issue 17, forty-fourth session: the acceptance figure under the shipped defaults (L1/L2 b=8, twice) and the
-  # review mend of the gate-up kernel (one shared K loop) on CUDA: its kernel tests, the 0.6B engine tests
+  # issue 17, forty-fourth session: the acceptance figure under the shipped defaults (L1/L2 b=8)
   model
-  nvidia-smi --query-gpu=name --format=csv,noheader > "$R/gpu.txt" 2>&1
-  lat shipped_1
+  nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader > "$R/gpu.txt" 2>&1
+  lat shipped
+  ;;
+tests44)
+  # the review mend of the gate-up kernel (one shared K loop) on CUDA, the 0.6B engine tests, the GEMV engine tests
+  # (their table splits the qkv weight's K: the qkv partials path)
+  model
   T 120 python3 -m pytest -q -p no:cacheprovider -m "gpu or not gpu" -rfE tests/test_gate_up_act.py \
     > "$R/pytest_gate_up.log" 2>&1
   echo "pytest rc=$?" >> "$R/pytest_gate_up.log"
   T 150 python3 -m pytest -q -p no:cacheprovider -m gpu -rfE tests/test_gpu_engine.py -k 06b > "$R/pytest_06b.log" 2>&1
   echo "pytest rc=$?" >> "$R/pytest_06b.log"
-  lat shipped_2
+  T 200 python3 -m pytest -q -p no:cacheprovider -m gpu -rfE tests/test_gpu_gemv_engine.py \
+    > "$R/pytest_gemv_engine.log" 2>&1
+  echo "pytest rc=$?" >> "$R/pytest_gemv_engine.log"
   ;;
 sp44)
   # issue 17, forty-fourth session: decode attention's split target (GRAPHRUNNER_ATTN_TARGET_PROGRAMS; at batch 8 of
@@ -1396,9 +1403,10 @@ sp44)
 qp44)
   # issue 17, forty-fourth session: the qkv GEMV's split-K partials summed by the attention prologue
   # (models/qkv_partials.py): CUDA tests, then L2 b=8 in turns with the qkv row's 2-8-token config split 2 or 4
-  # (partials on), split 2 with partials off (the GEMV's own tail), and the shipped unsplit row
+  # (partials on), split 2 with partials off (the GEMV's own tail), and the shipped unsplit row; the 0.6B engine
+  # tests with the split-2 row
   model
-  T 200 python3 -m pytest -q -p no:cacheprovider -m "gpu or not gpu" -rfE tests/test_qkv_partials.py \
+  T 150 python3 -m pytest -q -p no:cacheprovider -m "gpu or not gpu" -rfE tests/test_qkv_partials.py \
     tests/test_qkv_prep.py > "$R/pytest_kernels.log" 2>&1
   echo "pytest rc=$?" >> "$R/pytest_kernels.log"
   python3 - <<'PY'
@@ -1411,9 +1419,6 @@ for splits in (2, 4):
                 c["split_k"] = splits
     json.dump(rows, open(f"/tmp/gemv_qkv{splits}.json", "w"))
 PY
-  GRAPHRUNNER_GEMV_CONFIGS=/tmp/gemv_qkv2.json T 150 python3 -m pytest -q -p no:cacheprovider -m gpu -rfE \
-    tests/test_gpu_engine.py -k 06b > "$R/pytest_06b_qkv2.log" 2>&1
-  echo "pytest rc=$?" >> "$R/pytest_06b_qkv2.log"
   for round in 1 2; do
     for v in shipped qkv2 qkv4 qkv2tail; do
       unset GRAPHRUNNER_GEMV_CONFIGS GRAPHRUNNER_QKV_PARTIALS
@@ -1424,9 +1429,9 @@ PY
     done
   done
   unset GRAPHRUNNER_GEMV_CONFIGS GRAPHRUNNER_QKV_PARTIALS
-  T 200 python3 -m pytest -q -p no:cacheprovider -m gpu -rfE tests/test_gpu_gemv_engine.py \
-    > "$R/pytest_gemv_engine.log" 2>&1
-  echo "pytest rc=$?" >> "$R/pytest_gemv_engine.log"
+  GRAPHRUNNER_GEMV_CONFIGS=/tmp/gemv_qkv2.json T 150 python3 -m pytest -q -p no:cacheprovider -m gpu -rfE \
+    tests/test_gpu_engine.py -k 06b > "$R/pytest_06b_qkv2.log" 2>&1
+  echo "pytest rc=$?" >> "$R/pytest_06b_qkv2.log"
   ;;
 an44)
   # issue 17, forty-fourth session: the add + norm kernels' warps (GRAPHRUNNER_ADD_NORM_WARPS; 4 shipped): L1 and
