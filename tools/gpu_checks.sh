@@ -1467,39 +1467,6 @@ fin44)
     GRAPHRUNNER_ATTN_TARGET_PROGRAMS=$tp l2b8 "t$tp"
   done
   ;;
-an44)
-  # issue 17, forty-fourth session: the add + norm kernels' warps (GRAPHRUNNER_ADD_NORM_WARPS; 4 shipped): L1 and
-  # L2 b=8 in turns, then the add + norm tests on CUDA at 8 warps
-  model
-  for w in 4 8 16 8 4; do
-    GRAPHRUNNER_ADD_NORM_WARPS=$w lat "w${w}_$(date +%s)"
-  done
-  GRAPHRUNNER_ADD_NORM_WARPS=8 T 150 python3 -m pytest -q -p no:cacheprovider -m "gpu or not gpu" -rfE \
-    tests/test_add_norm.py tests/test_linear_add_norm.py > "$R/pytest_w8.log" 2>&1
-  echo "pytest rc=$?" >> "$R/pytest_w8.log"
-  ;;
-fin44)
-  # (after qp44) the qkv partials on the 1.7B shape, whose shipped qkv row splits K at 2-8 tokens (so the partials
-  # path is its default now): L2 b=8 on / off in turns; the split target at batch 8, one round; the opcheck fix and
-  # the GEMV engine tests (their table splits qkv: the partials path in every graph mode)
-  q17
-  for round in 1 2; do
-    for p in 1 0; do
-      GRAPHRUNNER_QKV_PARTIALS=$p T 90 python3 tools/bench_latency.py --model /tmp/q17 --no-peer --workloads L2 \
-        --batch-sizes 8 --json "$R/q17_p${p}_$round.json" > "$R/q17_p${p}_$round.log" 2>&1
-    done
-  done
-  model
-  for tp in 264 128 64 264; do
-    GRAPHRUNNER_ATTN_TARGET_PROGRAMS=$tp l2b8 "t$tp"
-  done
-  T 60 python3 -m pytest -q -p no:cacheprovider -m gpu -rfE tests/test_qkv_partials.py -k opcheck \
-    > "$R/pytest_opcheck.log" 2>&1
-  echo "pytest rc=$?" >> "$R/pytest_opcheck.log"
-  T 200 python3 -m pytest -q -p no:cacheprovider -m gpu -rfE tests/test_gpu_gemv_engine.py \
-    > "$R/pytest_gemv_engine.log" 2>&1
-  echo "pytest rc=$?" >> "$R/pytest_gemv_engine.log"
-  ;;
 ab41)
   # issue 17, forty-first session: empty split programs store no acc and the merges do not read it (bit-equal;
   # predicted at max_model_len 40960: L1 -10 to -20 us; measured in the forty-second session: -18 us) against the
