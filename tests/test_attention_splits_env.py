@@ -66,10 +66,11 @@ def test_bounds(max_splits: int, min_keys: int, monkeypatch: pytest.MonkeyPatch)
                 assert n == 1, (num_reqs, seq, n)
 
 
-def _constants(env: dict[str, str]) -> subprocess.CompletedProcess:
-    """SPLIT_MIN_SEQ_LEN and SPLIT_MIN_KEYS as a fresh interpreter reads them under `env` (module-level constants)."""
+def _constants(env: dict[str, str], code: str = "from graphrunner.attention import triton_attention as t; "
+               "print(t.SPLIT_MIN_SEQ_LEN, t.SPLIT_MIN_KEYS)") -> subprocess.CompletedProcess:
+    """What `code` prints in a fresh interpreter under `env` (the module-level constants are read at import); by
+    default SPLIT_MIN_SEQ_LEN and SPLIT_MIN_KEYS."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith("GRAPHRUNNER_ATTN_")}
-    code = "from graphrunner.attention import triton_attention as t; print(t.SPLIT_MIN_SEQ_LEN, t.SPLIT_MIN_KEYS)"
     return subprocess.run([sys.executable, "-c", code], env={**clean, **env}, capture_output=True, text=True,
                           check=False, timeout=120, cwd=Path(__file__).resolve().parents[1])
 
@@ -82,13 +83,10 @@ def test_env_values_are_read() -> None:
 
 def test_target_programs_is_read() -> None:
     """GRAPHRUNNER_ATTN_TARGET_PROGRAMS=64: batch 8 of 8 KV heads (64 programs) no longer splits, batch 1 still does."""
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("GRAPHRUNNER_ATTN_")}
     code = ("from graphrunner.attention.triton_attention import choose_num_splits as c; "
             "print(c(8, 8, 512), c(4, 8, 512), c(1, 8, 512))")
     for target, want in (("", ["5", "8", "8"]), ("64", ["1", "2", "8"]), ("128", ["2", "4", "8"])):
-        got = subprocess.run([sys.executable, "-c", code], env={**clean, "GRAPHRUNNER_ATTN_TARGET_PROGRAMS": target},
-                             capture_output=True, text=True, check=False, timeout=120,
-                             cwd=Path(__file__).resolve().parents[1])
+        got = _constants({"GRAPHRUNNER_ATTN_TARGET_PROGRAMS": target}, code)
         assert got.stdout.split() == want, (target, got.stderr)
 
 

@@ -38,14 +38,17 @@ def split_config(m: int, weight: Tensor, device: torch.device) -> GemvConfig | N
     return config if config is not None and split_plan(k, config)[1] > 1 else None
 
 
-def gemv_partials(x: Tensor, weight: Tensor, config: GemvConfig) -> Tensor:  # [S, M, N] float32
-    """x [M <= 8, K] @ weight [N, K]^T as the GEMV's S split-K partials (split_plan(K, config)), unsummed."""
+def gemv_partials(x: Tensor, weight: Tensor, config: GemvConfig, out: Tensor | None = None) -> Tensor:  # [S, M, N]
+    """x [M <= 8, K] @ weight [N, K]^T as the GEMV's S split-K partials (split_plan(K, config)), unsummed, float32;
+    into `out` [S, M, N] (contiguous) where given."""
     gemv.check_inputs(x, weight, None)
     m, k, n = x.shape[0], x.shape[1], weight.shape[0]
     if k == 0:
         raise ValueError("gemv_partials needs K >= 1")
     k_per_split, splits = split_plan(k, config)
-    part = torch.empty(splits, m, n, dtype=torch.float32, device=x.device)
+    if out is not None and (out.shape != (splits, m, n) or out.dtype != torch.float32 or not out.is_contiguous()):
+        raise ValueError(f"out must be contiguous float32 [{splits}, {m}, {n}], got {tuple(out.shape)} {out.dtype}")
+    part = out if out is not None else torch.empty(splits, m, n, dtype=torch.float32, device=x.device)
     if m == 0 or n == 0:
         return part
     x = x if x.stride(1) == 1 else x.contiguous()

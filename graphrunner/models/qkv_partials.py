@@ -14,6 +14,7 @@ from graphrunner.env import env_choice
 from graphrunner.kernel_checks import interpreted
 from graphrunner.models import gemv
 from graphrunner.models.gemv import MAX_M, config_for, routes_to_gemv, split_plan
+from graphrunner.models.linear_add_norm import gemv_partials
 from graphrunner.opaque import opaque_op
 
 ENABLED = env_choice("GRAPHRUNNER_QKV_PARTIALS", ("0", "1"), "1") == "1"
@@ -81,12 +82,8 @@ def _qkv_projection(x: Tensor, weight: Tensor, bias: Tensor | None) -> tuple[Ten
         return gemv._small_m_linear(x, weight, bias), parts
     config = config_for(m, n, k, x.device)
     assert config is not None
-    gemv.check_inputs(x, weight, bias)
-    k_per_split, _ = split_plan(k, config)
-    x = x if x.stride(1) == 1 else x.contiguous()
-    weight = weight if weight.stride(1) == 1 else weight.contiguous()
-    part = parts_view(parts, splits, m, n)
-    gemv.launch_gemv(x, weight, None, None, False, config, part, part, None, k_per_split, splits, partials=True)
+    gemv.check_inputs(x, weight, bias)  # (the bias is the prologue's to add)
+    gemv_partials(x, weight, config, out=parts_view(parts, splits, m, n))
     return torch.empty(m, n, dtype=x.dtype, device=x.device), parts
 
 
