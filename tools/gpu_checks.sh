@@ -1385,6 +1385,10 @@ tests44)
   T 120 python3 -m pytest -q -p no:cacheprovider -m "gpu or not gpu" -rfE tests/test_gate_up_act.py \
     > "$R/pytest_gate_up.log" 2>&1
   echo "pytest rc=$?" >> "$R/pytest_gate_up.log"
+  # the qkv partials' producer through gemv_partials(out=) (the forty-fourth session's review mend)
+  T 120 python3 -m pytest -q -p no:cacheprovider -m "gpu or not gpu" -rfE tests/test_qkv_partials.py \
+    > "$R/pytest_qkv_partials.log" 2>&1
+  echo "pytest rc=$?" >> "$R/pytest_qkv_partials.log"
   T 150 python3 -m pytest -q -p no:cacheprovider -m gpu -rfE tests/test_gpu_engine.py -k 06b > "$R/pytest_06b.log" 2>&1
   echo "pytest rc=$?" >> "$R/pytest_06b.log"
   T 200 python3 -m pytest -q -p no:cacheprovider -m gpu -rfE tests/test_gpu_gemv_engine.py \
