@@ -1452,10 +1452,10 @@ an44)
   ;;
 w45)
   # issue 17, forty-fifth session: the add + norm kernels at 8 warps (the new default) against 4 (the old one): the
-  # acceptance figure, L1 and L2 at batch 2/4/8 in turns, twice; T1 (median of 3) for each; the 0.6B engine tests
+  # acceptance figure, L1 and L2 at batch 2/4/8 in turns, ROUNDS (2) times; T1 (median of 3) for each; the 0.6B engine tests
   model
   nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader > "$R/gpu.txt" 2>&1
-  for i in 1 2; do
+  for i in $(seq "${ROUNDS:-2}"); do
     LAT_LIMIT=100 lat3 "w8_$i"
     GRAPHRUNNER_ADD_NORM_WARPS=4 LAT_LIMIT=100 lat3 "w4_$i"
   done
