@@ -217,7 +217,7 @@ def _paged_attention_qkv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     kernel = ctx.backend == "triton" and (not INTERPRETED or KERNEL_UNDER_INTERPRETER)
     t, n = qkv.shape
     splits = qkv_partials.splits_at(t, n, k, qkv.device) if parts is not None else 0
-    split_parts = qkv_partials.parts_view(parts, splits, t, n) if parts is not None and splits else None
+    split_parts = qkv_partials.parts_view(parts, splits, t, n) if parts is not None and splits else None  # [S, T, N]
     if split_parts is not None and (not kernel or decode_prep.DECODE_PREP):  # (routes() keeps the fold off it)
         qkv, split_parts = qkv_partials.qkv_from_parts_ref(split_parts, bias, qkv.dtype), None
     if split_parts is None and kernel and decode_prep.DECODE_PREP and ctx.meta.max_query_len <= 1:
