@@ -87,6 +87,7 @@
 #   bash tools/gpu_checks.sh qp44       # the qkv GEMV's partials summed by the prologue: CUDA tests, L2 b=8 per table
 #   bash tools/gpu_checks.sh an44       # the add + norm kernels at 4, 8, 16 warps: L1/L2 b=8 in turns, tests at 8
 #   bash tools/gpu_checks.sh fin44      # qkv partials on the 1.7B shape on/off, split target one round, GEMV engine tests
+#   bash tools/gpu_checks.sh w46        # w45 in ABBA order (4, 8, 8, 4 warps) ROUNDS times, T1 4 warps first
 #   bash tools/gpu_checks.sh w45        # add + norm at 8 warps (new default) vs 4: L1/L2 b=2/4/8 twice, T1 each, 06b tests
 #   bash tools/gpu_checks.sh od43       # the gate-up in one wgmma tile, the LM head on the GEMV at 2-8 tokens: L1/L2
 #   bash tools/gpu_checks.sh serve      # offline L1 and T1, then SV1 with the engine loop in a process (needs .whl/)
@@ -99,7 +100,7 @@
 # limit so the last phase still ends (and is tarred) inside the device call:
 #   DEADLINE=560 bash tools/gpu_checks.sh tests-a tests-b
 set -u
-[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-pair-table | spec-unroll | spec-why | spec-demo | spec-b64 | spec-b64-host | spec-diag | host-probe | small-mixed | spec16c | spec-cost | spec-table | rej | spec16 | spec16b | gemv | gemv-swap | gemv-pf | gemv-engine | final24 | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | final15 | attn-spills | attn-best | p1-rows | bench2 | sizes-tests | sizes-t1 | l2-table | startup | uncompiled | uncompiled-s1 | pair26 | pair26b | final26 | untuned | verify26 | verify27 | sweep17 | pair27 | pair27b | head28 | pair28 | pair28b | pair29 | pair29b | l2-30 | l2-30b | partials30 | lan31 | pdl32 | late32 | prep32 | tc32 | next37 | merge38 | od43 | od43b | acc44 | tests44 | sp44 | qp44 | fin44 | an44 | w45 | ab41 | ab41-tests | l2-17 | l1-17 | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-pair-table | spec-unroll | spec-why | spec-demo | spec-b64 | spec-b64-host | spec-diag | host-probe | small-mixed | spec16c | spec-cost | spec-table | rej | spec16 | spec16b | gemv | gemv-swap | gemv-pf | gemv-engine | final24 | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | final15 | attn-spills | attn-best | p1-rows | bench2 | sizes-tests | sizes-t1 | l2-table | startup | uncompiled | uncompiled-s1 | pair26 | pair26b | final26 | untuned | verify26 | verify27 | sweep17 | pair27 | pair27b | head28 | pair28 | pair28b | pair29 | pair29b | l2-30 | l2-30b | partials30 | lan31 | pdl32 | late32 | prep32 | tc32 | next37 | merge38 | od43 | od43b | acc44 | tests44 | sp44 | qp44 | fin44 | an44 | w45 | w46 | ab41 | ab41-tests | l2-17 | l1-17 | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
 OUT=${OUT:-/tmp/out}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 END=$(( $(date +%s) + ${DEADLINE:-100000} ))
@@ -1449,6 +1450,22 @@ an44)
   GRAPHRUNNER_ADD_NORM_WARPS=8 T 150 python3 -m pytest -q -p no:cacheprovider -m "gpu or not gpu" -rfE \
     tests/test_add_norm.py tests/test_linear_add_norm.py > "$R/pytest_w8.log" 2>&1
   echo "pytest rc=$?" >> "$R/pytest_w8.log"
+  ;;
+w46)
+  # issue 17, forty-sixth session: w45 again in ABBA order (4, 8, 8, 4 warps; w45 ran 8 first on a cold machine and its
+  # L1 and T1 read worse for it), ROUNDS (1) times; T1 for each, 4 warps first (compare device_p50_ms, not host time)
+  model
+  nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader > "$R/gpu.txt" 2>&1
+  for i in $(seq "${ROUNDS:-1}"); do
+    GRAPHRUNNER_ADD_NORM_WARPS=4 LAT_LIMIT=100 lat3 "w4a_$i"
+    LAT_LIMIT=100 lat3 "w8a_$i"
+    LAT_LIMIT=100 lat3 "w8b_$i"
+    GRAPHRUNNER_ADD_NORM_WARPS=4 LAT_LIMIT=100 lat3 "w4b_$i"
+  done
+  GRAPHRUNNER_ADD_NORM_WARPS=4 T 100 python3 tools/bench_throughput.py --model /tmp/q06 --no-peer --runs 3 \
+    --json "$R/t1_w4.json" > "$R/t1_w4.log" 2>&1
+  T 100 python3 tools/bench_throughput.py --model /tmp/q06 --no-peer --runs 3 --json "$R/t1_w8.json" \
+    > "$R/t1_w8.log" 2>&1
   ;;
 w45)
   # issue 17, forty-fifth session: the add + norm kernels at 8 warps (the new default) against 4 (the old one): the
