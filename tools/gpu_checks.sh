@@ -117,6 +117,9 @@ lat() { T "${LAT_LIMIT:-130}" python3 tools/bench_latency.py --model /tmp/q06 --
 # lat3 NAME [ARGS]: L1 and L2 at batch 2, 4 and 8 (ARGS: more bench_latency arguments), into $R/NAME.{json,log}
 lat3() { local name=$1; shift; T "${LAT_LIMIT:-130}" python3 tools/bench_latency.py --model /tmp/q06 --no-peer \
   --workloads L1,L2 --batch-sizes 2,4,8 "$@" --json "$R/$name.json" > "$R/$name.log" 2>&1; }
+# t1 NAME: T1 (median of 3 runs in one process) on the bench model under the caller's environment, into $R/t1_NAME.*
+t1() { T 100 python3 tools/bench_throughput.py --model /tmp/q06 --no-peer --runs 3 --json "$R/t1_$1.json" \
+  > "$R/t1_$1.log" 2>&1; }
 # l2b8 NAME: L2 at batch 8 alone on the bench model under the caller's environment, appended to $R/l2_NAME.{json,log}
 l2b8() { T 80 python3 tools/bench_latency.py --model /tmp/q06 --no-peer --workloads L2 --batch-sizes 8 \
   --json "$R/l2_$1.json" >> "$R/l2_$1.log" 2>&1; }
@@ -1462,10 +1465,8 @@ w46)
     LAT_LIMIT=100 lat3 "w8b_$i"
     GRAPHRUNNER_ADD_NORM_WARPS=4 LAT_LIMIT=100 lat3 "w4b_$i"
   done
-  GRAPHRUNNER_ADD_NORM_WARPS=4 T 100 python3 tools/bench_throughput.py --model /tmp/q06 --no-peer --runs 3 \
-    --json "$R/t1_w4.json" > "$R/t1_w4.log" 2>&1
-  T 100 python3 tools/bench_throughput.py --model /tmp/q06 --no-peer --runs 3 --json "$R/t1_w8.json" \
-    > "$R/t1_w8.log" 2>&1
+  GRAPHRUNNER_ADD_NORM_WARPS=4 t1 w4
+  t1 w8
   ;;
 w45)
   # issue 17, forty-fifth session: the add + norm kernels at 8 warps (the new default) against 4 (the old one): the
@@ -1476,10 +1477,8 @@ w45)
     LAT_LIMIT=100 lat3 "w8_$i"
     GRAPHRUNNER_ADD_NORM_WARPS=4 LAT_LIMIT=100 lat3 "w4_$i"
   done
-  T 100 python3 tools/bench_throughput.py --model /tmp/q06 --no-peer --runs 3 --json "$R/t1_w8.json" \
-    > "$R/t1_w8.log" 2>&1
-  GRAPHRUNNER_ADD_NORM_WARPS=4 T 100 python3 tools/bench_throughput.py --model /tmp/q06 --no-peer --runs 3 \
-    --json "$R/t1_w4.json" > "$R/t1_w4.log" 2>&1
+  t1 w8
+  GRAPHRUNNER_ADD_NORM_WARPS=4 t1 w4
   T 150 python3 -m pytest -q -p no:cacheprovider -m gpu -rfE tests/test_gpu_engine.py -k 06b > "$R/pytest_06b.log" 2>&1
   echo "pytest rc=$?" >> "$R/pytest_06b.log"
   ;;

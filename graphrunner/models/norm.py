@@ -23,8 +23,8 @@ from graphrunner.pdl import pdl_enter, pdl_mode, use_pdl
 FUSED_ADD_NORM = env_choice("GRAPHRUNNER_FUSED_ADD_NORM", ("0", "1"), "1") == "1"
 # warps of the add + norm kernels' one program per row (here and in linear_add_norm). A decode step's rows are few,
 # each a latency chain (wait, load the row or its 4-8 float32 partial rows, reduce, store), so more warps keep more
-# loads in flight: 8 took L2 at batch 8 from 1.008 to 0.971 ms on an H100, 16 gave 0.976 (docs/DECISIONS.md).
-# GRAPHRUNNER_ADD_NORM_WARPS sets it
+# loads in flight: 8 took L2 at batch 8 from 1.008 to 0.971 ms on an H100, 16 gave 0.976, batch 1-4 and T1 did not
+# move (docs/DECISIONS.md). GRAPHRUNNER_ADD_NORM_WARPS sets it
 ADD_NORM_WARPS = int(env_number("GRAPHRUNNER_ADD_NORM_WARPS", 8, integer=True, rule="in (1, 2, 4, 8, 16)",
                                 valid=lambda v: v in (1, 2, 4, 8, 16)))
 
