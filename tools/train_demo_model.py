@@ -232,6 +232,10 @@ def main() -> None:
     args = p.parse_args()
     if getattr(args, "minutes", 0.0) < 0:
         p.error(f"--minutes must be >= 0 (0: no time budget), got {args.minutes}")
+    needs = {"train": ("stats.json", "train.npy", "val.npy", "tokenizer"), "train-eagle": ("train.npy",)}
+    missing = [f for f in needs.get(args.cmd, ()) if not (Path(args.data) / f).exists()]
+    if missing:
+        p.error(f"--data {args.data} lacks {', '.join(missing)}: run `prepare` first (docs/DEMO_MODEL.md)")
     {"prepare": cmd_prepare, "train": cmd_train, "train-eagle": cmd_train_eagle}[args.cmd](args)
 
 
