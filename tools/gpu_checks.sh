@@ -81,6 +81,7 @@
 #                                       # 40960 and 384 in turns (then ab41-tests: GPU tests, S1)
 #   bash tools/gpu_checks.sh next37     # after eager pieces became the default: the 0.6B engine tests under it, S1
 #                                       # warm of the default (twice), L2 at batch 2 and 4 with PDL late from 2 vs 5
+#   bash tools/gpu_checks.sh acc47      # acc44 twice, T1 and the 0.6B GPU engine suite (issue 17's acceptance run)
 #   bash tools/gpu_checks.sh acc44      # the shipped defaults' L1/L2 b=8 (then tests44: the gate-up mend on CUDA, 0.6B
 #                                       # and GEMV-engine tests)
 #   bash tools/gpu_checks.sh sp44       # decode attention's split target at batch 8 (264, 192, 128, 64): L2 b=8
@@ -100,7 +101,7 @@
 # limit so the last phase still ends (and is tarred) inside the device call:
 #   DEADLINE=560 bash tools/gpu_checks.sh tests-a tests-b
 set -u
-[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-pair-table | spec-unroll | spec-why | spec-demo | spec-b64 | spec-b64-host | spec-diag | host-probe | small-mixed | spec16c | spec-cost | spec-table | rej | spec16 | spec16b | gemv | gemv-swap | gemv-pf | gemv-engine | final24 | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | final15 | attn-spills | attn-best | p1-rows | bench2 | sizes-tests | sizes-t1 | l2-table | startup | uncompiled | uncompiled-s1 | pair26 | pair26b | final26 | untuned | verify26 | verify27 | sweep17 | pair27 | pair27b | head28 | pair28 | pair28b | pair29 | pair29b | l2-30 | l2-30b | partials30 | lan31 | pdl32 | late32 | prep32 | tc32 | next37 | merge38 | od43 | od43b | acc44 | tests44 | sp44 | qp44 | fin44 | an44 | w45 | w46 | ab41 | ab41-tests | l2-17 | l1-17 | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "phases: tests-a | tests-b | bench | spec-ab | spec-train | spec-bench | spec-pair-table | spec-unroll | spec-why | spec-demo | spec-b64 | spec-b64-host | spec-diag | host-probe | small-mixed | spec16c | spec-cost | spec-table | rej | spec16 | spec16b | gemv | gemv-swap | gemv-pf | gemv-engine | final24 | l1-ab | l1-runs | pdl | act | act-pdl | quick | defaults | fused-tests | p1 | p1-phases | p1-ab | l1-split | final15 | attn-spills | attn-best | p1-rows | bench2 | sizes-tests | sizes-t1 | l2-table | startup | uncompiled | uncompiled-s1 | pair26 | pair26b | final26 | untuned | verify26 | verify27 | sweep17 | pair27 | pair27b | head28 | pair28 | pair28b | pair29 | pair29b | l2-30 | l2-30b | partials30 | lan31 | pdl32 | late32 | prep32 | tc32 | next37 | merge38 | od43 | od43b | acc44 | acc47 | tests44 | sp44 | qp44 | fin44 | an44 | w45 | w46 | ab41 | ab41-tests | l2-17 | l1-17 | serve | serve-thread | tp | tp-symm | tp-killed | tp-bench" >&2; exit 2; }
 OUT=${OUT:-/tmp/out}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 END=$(( $(date +%s) + ${DEADLINE:-100000} ))
@@ -1382,6 +1383,17 @@ acc44)
   model
   nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader > "$R/gpu.txt" 2>&1
   lat shipped
+  ;;
+acc47)
+  # issue 17, forty-seventh session: the acceptance figures under the shipped defaults on the card that came (the
+  # call exits first unless it is an H200): L1/L2 b=8 twice, T1 (median of 3), then the 0.6B GPU engine suite
+  model
+  nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader > "$R/gpu.txt" 2>&1
+  lat shipped_1
+  lat shipped_2
+  t1 shipped
+  T 240 python3 -m pytest -q -p no:cacheprovider -m gpu -rfE tests/test_gpu_engine.py > "$R/pytest_engine.log" 2>&1
+  echo "pytest rc=$?" >> "$R/pytest_engine.log"
   ;;
 tests44)
   # the review mend of the gate-up kernel (one shared K loop) on CUDA, the 0.6B engine tests, the GEMV engine tests
