@@ -1,8 +1,8 @@
 """tools/bench_serve.py against a fake OpenAI-compatible server (FastAPI + uvicorn in a thread on 127.0.0.1).
 
 The fake streams deterministic tokens (" t0", " t1", ...) with a first-chunk delay and a per-chunk delay, sends
-usage when asked, answers HTTP 500 for prompts starting with "FAIL", sleeps for prompts starting with "SLOW",
-counts requests in flight (and their maximum) and streams closed by the client, and serves /metrics text.
+usage when asked, answers HTTP 500 for prompts starting with "FAIL", holds prompts starting with "SLOW" until the
+client hangs up, counts requests in flight (and their maximum) and streams closed by the client, and serves /metrics.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ bs = load_bench_serve()
 
 FIRST_DELAY_S = 0.03
 CHUNK_DELAY_S = 0.005
+SLOW_S = 10.0  # a SLOW request's longest wait; it ends sooner, when its client gives up
 METRICS_TEXT = """\
 # HELP vllm:num_requests_running Number of requests in model execution batches.
 # TYPE vllm:num_requests_running gauge
@@ -85,8 +86,13 @@ class FakeServer:
         if prompt.startswith("FAIL"):
             return JSONResponse({"error": {"message": f"fake failure for {prompt!r}"}}, status_code=500)
         self._enter()
-        if prompt.startswith("SLOW"):
-            await asyncio.sleep(1.0)
+        if prompt.startswith("SLOW"):  # waits until the client hangs up, so that no handler outlives its test
+            deadline = time.monotonic() + SLOW_S
+            while time.monotonic() < deadline:
+                if await request.is_disconnected():
+                    self._leave(disconnected=True)
+                    return JSONResponse({"error": {"message": "client went away"}}, status_code=499)
+                await asyncio.sleep(0.01)
         tokens = [f" t{i}" for i in range(body["max_tokens"])]
         usage = {"prompt_tokens": 3, "completion_tokens": len(tokens), "total_tokens": 3 + len(tokens)}
         if body.get("stream"):
@@ -273,9 +279,11 @@ def test_poisson_arrivals(fake: FakeServer) -> None:
 
 
 def test_timeouts_and_connection_errors_fail_requests(fake: FakeServer, client: str) -> None:
-    res = _run(fake, ["SLOW one", "quick one"], client=client, num_requests=4, stream_fraction=0.5, timeout_s=0.3)
+    # 1 s leaves the quick requests (~50 ms at the fake) room on a loaded CI machine: 0.3 s once timed all four out
+    res = _run(fake, ["SLOW one", "quick one"], client=client, num_requests=4, stream_fraction=0.5, timeout_s=1.0)
     assert res.completed + res.failed == 4 and res.failed == 2
-    assert all("timed out after 0.3 s" in e for e in res.errors)
+    assert all("timed out after 1.0 s" in e for e in res.errors)
+    assert _wait_for(lambda: fake.in_flight == 0), fake.in_flight  # the SLOW handlers saw their clients go
     t0 = time.monotonic()
     dead = asyncio.run(bs.run_load(f"http://127.0.0.1:{free_port()}", "m", PROMPTS, client=client, num_requests=3,
                                    max_tokens=2, concurrency=3, stream_fraction=0.5, timeout_s=5.0))
